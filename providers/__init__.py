@@ -1,0 +1,1 @@
+"""Cloud providers behind spotrun's own small protocol, installed as `spotrun.providers`."""

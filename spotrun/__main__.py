@@ -1,0 +1,3 @@
+from spotrun.cli import main
+
+raise SystemExit(main())

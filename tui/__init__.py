@@ -1,0 +1,1 @@
+"""Textual TUI for spotrun, installed as `spotrun.tui`; reads cluster state through spotrun.store only."""
