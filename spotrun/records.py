@@ -1,0 +1,133 @@
+"""Values stored in etcd: frozen dataclasses with a JSON form.
+
+Every record encodes to one JSON object (`encode`) and decodes back (`decode`); unknown keys are
+ignored on decode so an older spotrun can read what a newer one wrote. Timestamps are epoch seconds
+(float). Provider-only details go in `NodeRecord.extra`, never in new fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+
+class NodeState(str, enum.Enum):
+    """Lifecycle of one VM, as the controller and agent record it."""
+
+    BOOTING = "booting"
+    BOOTSTRAPPING = "bootstrapping"
+    RUNNING = "running"
+    NOTICE = "notice"
+    LEAVING = "leaving"
+    PREEMPTED = "preempted"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One instance of a cluster (`/spotrun/<cluster>/nodes/<id>`)."""
+
+    id: str
+    cluster: str
+    provider: str
+    zone: str
+    instance_type: str
+    price_per_hour: float
+    on_demand_per_hour: float
+    ip: str | None = None
+    ssh_port: int = 22
+    state: NodeState = NodeState.BOOTING
+    reason: str = ""
+    launched_at: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.state, NodeState):
+            object.__setattr__(self, "state", NodeState(self.state))
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A preemption notice for a node (`/spotrun/<cluster>/notices/<node>`)."""
+
+    node: str
+    source: str  # aws | gcp | azure | local
+    deadline: float
+    received_at: float
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The latest training report of a node (`/spotrun/<cluster>/progress/<node>`)."""
+
+    node: str
+    step: int
+    samples_per_s: float
+    world_size: int
+    heartbeat_at: float
+    loss: float | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A completed checkpoint (`/spotrun/<cluster>/checkpoints/<step>`)."""
+
+    step: int
+    path: str
+    bytes: int
+    sha256: str
+    written_at: float
+
+
+@dataclass(frozen=True)
+class LedgerSegment:
+    """A stretch of time a node was billed at one price; `end` is None while it still runs."""
+
+    node: str
+    price_per_hour: float
+    on_demand_per_hour: float
+    start: float
+    end: float | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of cluster history (`/spotrun/<cluster>/events/<seq>`)."""
+
+    seq: int
+    at: float
+    kind: str
+    message: str
+    node: str | None = None
+
+
+Record = TypeVar("Record")
+
+
+def to_dict(record: Any) -> dict[str, Any]:
+    """A record as plain JSON-able data (enums become their values)."""
+    data = dataclasses.asdict(record)
+    return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in data.items()}
+
+
+def from_dict(cls: type[Record], data: dict[str, Any]) -> Record:
+    """Build `cls` from a dict, ignoring keys it does not know. Raises TypeError/ValueError if invalid."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def encode(record: Any) -> bytes:
+    """A record as compact UTF-8 JSON bytes."""
+    return json.dumps(to_dict(record), separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode(cls: type[Record], raw: bytes | str) -> Record:
+    """Parse bytes written by `encode`. Raises ValueError (JSON) or TypeError (fields) if invalid."""
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object for {cls.__name__}, got {type(data).__name__}")
+    return from_dict(cls, data)

@@ -1,0 +1,76 @@
+"""Shared fixtures: a real etcd, a connected store with a fresh cluster name, a private $SPOTRUN_HOME."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spotrun import etcd_server as etcd_mod
+from spotrun import store as store_mod
+
+
+def _require_etcd() -> None:
+    import os
+
+    if not (os.environ.get("SPOTRUN_ETCD_BIN") or shutil.which("etcd")):
+        pytest.skip("etcd binary not found (apt-get install etcd-server, or set $SPOTRUN_ETCD_BIN)")
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[etcd_mod.EtcdProcess]:
+    """One real etcd for the whole session, on free loopback ports; stopped at the end."""
+    _require_etcd()
+    proc = etcd_mod.EtcdProcess(tmp_path_factory.mktemp("etcd") / "data")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def etcd_process(tmp_path: Path) -> Iterator[etcd_mod.EtcdProcess]:
+    """A private etcd for one test (for tests that stop or restart it); always stopped after."""
+    _require_etcd()
+    proc = etcd_mod.EtcdProcess(tmp_path / "etcd-data")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def cluster() -> str:
+    """A cluster name no other test uses."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def store(etcd_server: etcd_mod.EtcdProcess, cluster: str) -> Iterator[store_mod.Store]:
+    """A Store connected to the session etcd; the test's cluster keys are deleted afterwards."""
+    st = store_mod.connect([etcd_server.endpoint])
+    try:
+        yield st
+    finally:
+        try:
+            st.delete_cluster(cluster)
+        finally:
+            st.close()
+
+
+@pytest.fixture
+def spotrun_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """$SPOTRUN_HOME pointed at a fresh temp dir; any embedded etcd started there is stopped after."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("SPOTRUN_HOME", str(home))
+    try:
+        yield home
+    finally:
+        if (home / "etcd" / "state.json").exists():
+            etcd_mod.stop()
