@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
 
 from spotrun import __version__
@@ -120,23 +119,21 @@ def etcd_stop() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry: run the app, turn SpotrunError into one line and its exit code."""
-    command = typer.main.get_command(app)
+    """Console-script entry: run the app, turn SpotrunError into one line and its exit code.
+
+    Typer's standalone mode already maps usage errors to exit 2 and `typer.Exit` to its code.
+    """
     try:
-        result = command.main(args=argv, prog_name="spotrun", standalone_mode=False)
+        app(args=argv, prog_name="spotrun")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except SpotrunError as exc:
         if os.environ.get("SPOTRUN_DEBUG"):
             raise
         lines = exc.problems if isinstance(exc, RecipeError) else [f"spotrun: error: {exc}"]
         sys.stderr.write("".join(line + "\n" for line in lines))
         return exc.exit_code
-    except click.exceptions.Abort:
-        sys.stderr.write("Aborted.\n")
-        return 130
     except KeyboardInterrupt:
         sys.stderr.write("Interrupted.\n")
         return 130
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    return result if isinstance(result, int) else 0
+    return 0
