@@ -82,6 +82,136 @@ def validate(
         raise typer.Exit(code=3)
 
 
+@app.command()
+def up(
+    recipe: Annotated[Path, typer.Argument(help="The recipe file, e.g. recipes/quickstart.yaml.", show_default=False)],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+) -> None:
+    """Launch the recipe's cluster (or reconcile it to its target) and start every node agent.
+
+    Starts the embedded etcd when needed, launches only missing VMs on the cheapest candidate
+    with capacity, bootstraps them over SSH with live progress, and returns when every agent
+    is alive. Running it again on a running cluster launches nothing.
+    """
+    from spotrun import console
+    from spotrun.up import up as run_up
+
+    result = run_up(recipe)
+    if json_out:
+        console.print_json({"cluster": result.cluster, "launched": result.launched,
+                            "bootstrapped": result.bootstrapped, "nodes": result.nodes})
+    else:
+        console.out.print(f"{result.cluster}: {len(result.nodes)} nodes up "
+                          f"({len(result.launched)} launched, {len(result.bootstrapped)} bootstrapped); "
+                          f"see `spotrun status {result.cluster}`", markup=False)
+
+
+@app.command()
+def status(
+    cluster: Annotated[Optional[str], typer.Argument(help="One cluster; all when omitted.", show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print status as JSON on stdout.")] = False,
+) -> None:
+    """Clusters, nodes (provider, zone, type, state, uptime, $/h) and costs. Reads etcd only."""
+    from spotrun import console, etcd_server
+    from spotrun.control_plane import connect_default
+    from spotrun.errors import NotFoundError
+    from spotrun.status import cluster_status, render
+
+    if cluster is None and etcd_server.status() is None:
+        console.print_json([]) if json_out else console.out.print("no clusters (the embedded etcd is stopped)")
+        return
+    with connect_default() as store:
+        names = [cluster] if cluster else store.list_clusters()
+        if cluster and cluster not in store.list_clusters():
+            raise NotFoundError(f"no cluster named {cluster!r} in etcd", hint="see `spotrun status`")
+        statuses = [cluster_status(store, name) for name in names]
+    if json_out:
+        console.print_json(statuses if cluster is None else statuses[0])
+    elif statuses:
+        render(statuses)
+    else:
+        console.out.print("no clusters")
+
+
+@app.command()
+def down(
+    cluster: Annotated[str, typer.Argument(help="The cluster to stop.", show_default=False)],
+    purge: Annotated[bool, typer.Option("--purge", help="Also delete its history, logs and checkpoints.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+) -> None:
+    """Terminate every VM of the cluster and stop its agents; stop the embedded etcd when unused.
+
+    Idempotent, and works when etcd or the controller died. Checkpoints and history stay unless --purge.
+    """
+    from dataclasses import asdict
+
+    from spotrun import console
+    from spotrun.down import down as run_down
+
+    result = run_down(cluster, purge=purge)
+    if json_out:
+        console.print_json(asdict(result))
+        return
+    console.out.print(f"{cluster}: terminated {len(result.terminated)} VMs"
+                      + ("; embedded etcd stopped" if result.etcd_stopped else ""), markup=False)
+    for note in result.notes:
+        console.err.print(f"note: {note}", markup=False)
+
+
+@app.command()
+def logs(
+    cluster: Annotated[str, typer.Argument(help="The cluster.", show_default=False)],
+    node: Annotated[Optional[str], typer.Argument(help="One node; all when omitted.", show_default=False)] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")] = False,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="How many past lines to show.")] = 100,
+) -> None:
+    """Show the node agents' logs, each line prefixed with its node."""
+    from spotrun import console
+    from spotrun.node_ops import logs as run_logs
+
+    run_logs(cluster, node, follow, lambda vm, text: console.out.print(f"[{vm}] {text}", markup=False), lines)
+
+
+@app.command()
+def events(
+    cluster: Annotated[str, typer.Argument(help="The cluster.", show_default=False)],
+    since: Annotated[int, typer.Option("--since", help="Only events after this sequence number.")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print events as JSON on stdout.")] = False,
+) -> None:
+    """The cluster's history: launches, joins, notices, failures, scale and down."""
+    import time as _time
+
+    from spotrun import console
+    from spotrun.control_plane import connect_default
+    from spotrun.records import to_dict
+
+    with connect_default() as store:
+        history = store.list_events(cluster, since=since)
+    if json_out:
+        console.print_json([to_dict(e) for e in history])
+        return
+    for event in history:
+        stamp = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(event.at))
+        console.out.print(f"{event.seq:>5} {stamp} {event.kind:<9} {event.message}", markup=False)
+
+
+@app.command()
+def preempt(
+    cluster: Annotated[str, typer.Argument(help="The cluster.", show_default=False)],
+    node: Annotated[str, typer.Argument(help="The node to preempt (see `spotrun status`).", show_default=False)],
+    notice: Annotated[float, typer.Option("--notice", help="Seconds of warning before the VM dies.")] = 30.0,
+) -> None:
+    """Local provider only: arm a spot preemption notice on a node; the VM dies at the deadline."""
+    import time as _time
+
+    from spotrun import console
+    from spotrun.node_ops import preempt as run_preempt
+
+    deadline = run_preempt(cluster, node, notice)
+    console.out.print(f"{node}: preemption notice armed; the VM dies in {max(0.0, deadline - _time.time()):.0f} s",
+                      markup=False)
+
+
 @etcd_app.command("start")
 def etcd_start() -> None:
     """Start the embedded etcd if it is not running, and print its endpoint."""

@@ -6,12 +6,15 @@ rich honours NO_COLOR and drops styling when the stream is not a terminal.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 from rich.console import Console
 
-out = Console(highlight=False, soft_wrap=True)
+# Off a terminal rich assumes 80 columns and truncates table cells; scripts and pipes get room.
+_PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+out = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 

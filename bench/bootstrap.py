@@ -1,0 +1,93 @@
+"""Bootstrap: provision and bootstrap 1, 8 and 32 local VMs with `spotrun up`.
+
+`spotrun` = seconds from the start of `up` (launch) until every agent has registered in etcd;
+`baseline` = the same for one VM, measured in this run. Goal: t(32) <= 3 x t(1).
+Run as root: .venv/bin/python bench/bootstrap.py [--counts 1,8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _format import emit  # noqa: E402
+
+RECIPE = """\
+name: bench{count}
+resources:
+  - provider: local
+    instance_type: cpu-small
+    prices: {{spot: 0.10, on_demand: 0.40}}
+nodes: {{min: 1, max: {count}, target: {count}}}
+workdir: work
+setup: "true"
+run: python train.py
+control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
+"""
+
+
+class _Quiet:
+    """A bootstrap reporter that keeps failures only (the bench prints JSON lines, nothing else)."""
+
+    def __init__(self, names):
+        self.failures = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def phase(self, vm, phase):
+        pass
+
+    def line(self, vm, text):
+        pass
+
+    def failed(self, vm, error):
+        self.failures[vm] = error
+
+
+def _one(count: int, root: Path, endpoint: str) -> float:
+    from spotrun.down import down
+    from spotrun.up import up
+
+    recipe = root / f"bench{count}.yaml"
+    (root / "work").mkdir(exist_ok=True)
+    (root / "work" / "train.py").write_text("print('bench')\n")
+    recipe.write_text(RECIPE.format(count=count, endpoint=endpoint))
+    start = time.perf_counter()
+    try:
+        result = up(recipe, reporter_factory=_Quiet)
+        took = time.perf_counter() - start
+        assert len(result.nodes) == count, result
+        return took
+    finally:
+        down(f"bench{count}", purge=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--counts", default="1,8,32")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.counts.split(",")]
+    with tempfile.TemporaryDirectory(prefix="spotrun-bench-") as tmp:
+        os.environ["SPOTRUN_HOME"] = str(Path(tmp) / "home")
+        from spotrun.etcd_server import EtcdProcess
+
+        # The control plane runs before the clock starts: the bench times launch -> agents.
+        with EtcdProcess(Path(tmp) / "etcd") as etcd:
+            times = {count: _one(count, Path(tmp), etcd.endpoint) for count in counts}
+    one = times.get(1)
+    for count, took in times.items():
+        extra = {"ratio_to_one": round(took / one, 2), "goal_ratio": 3.0} if one and count != 1 else {}
+        emit("bootstrap", str(count), "s", took, one if count != 1 else None, **extra)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Reaching the control plane: the embedded etcd by default, or the recipe's external cluster."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spotrun.errors import ControlPlaneError
+
+if TYPE_CHECKING:
+    from spotrun.recipe import Recipe
+    from spotrun.store import Store
+
+
+def endpoints_for(recipe: "Recipe") -> tuple[list[str], bool]:
+    """(endpoints, embedded) for a recipe; starts the embedded etcd when the recipe uses it."""
+    if recipe.control_plane.mode == "external":
+        return [_as_url(e) for e in recipe.control_plane.endpoints], False
+    from spotrun import etcd_server
+
+    return [etcd_server.ensure_running().endpoint], True
+
+
+def connect_recipe(recipe: "Recipe", endpoints: list[str]) -> "Store":
+    from spotrun.store import connect
+
+    tls = recipe.control_plane.tls
+    return connect(endpoints, ca=_path(tls, "ca"), cert=_path(tls, "cert"), key=_path(tls, "key"))
+
+
+def connect_default() -> "Store":
+    """The embedded etcd, for commands that name no recipe. Raises ControlPlaneError if it is down."""
+    from spotrun import etcd_server
+    from spotrun.store import connect
+
+    info = etcd_server.status()
+    if info is None:
+        raise ControlPlaneError("the embedded etcd is not running",
+                                hint="start a cluster with `spotrun up RECIPE` or run `spotrun etcd start`")
+    return connect([info.endpoint])
+
+
+def _as_url(endpoint: str) -> str:
+    return endpoint if "://" in endpoint else f"http://{endpoint}"
+
+
+def _path(tls, name: str) -> str | None:
+    value = getattr(tls, name, None) if tls else None
+    return str(value) if value else None

@@ -1,0 +1,76 @@
+"""`spotrun status`: what etcd says about clusters, nodes and costs. Reads etcd only."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from spotrun.costs import summarize
+from spotrun.records import to_dict
+from spotrun.store import Store
+
+
+def cluster_status(store: Store, cluster: str, now: float | None = None) -> dict[str, Any]:
+    """One cluster as plain data (the `--json` form; the table is rendered from it)."""
+    now = time.time() if now is None else now
+    alive = store.list_alive(cluster)
+    notices = {n.node: n for n in store.list_notices(cluster)}
+    nodes = []
+    for node in store.list_nodes(cluster):
+        row = to_dict(node)
+        row["alive"] = node.id in alive
+        row["uptime_s"] = round(now - node.launched_at, 1) if node.launched_at else None
+        notice = notices.get(node.id)
+        row["notice_deadline"] = notice.deadline if notice else None
+        nodes.append(row)
+    segments = [s for segs in store.list_ledger(cluster).values() for s in segs]
+    spec = store.get_spec(cluster)
+    latest = store.latest_checkpoint(cluster)
+    return {
+        "cluster": cluster,
+        "target": store.get_target(cluster),
+        "spec_version": spec[1] if spec else None,
+        "nodes": nodes,
+        "alive": len(alive),
+        "costs": summarize(segments, now).to_dict(),
+        "latest_checkpoint": to_dict(latest) if latest else None,
+        "recent_events": [to_dict(e) for e in store.list_events(cluster)[-5:]],
+    }
+
+
+def render(statuses: list[dict[str, Any]]) -> None:
+    """Tables on stdout, one per cluster."""
+    from rich import box
+    from rich.table import Table
+
+    from spotrun import console
+
+    for status in statuses:
+        costs = status["costs"]
+        table = Table(box=box.SIMPLE_HEAD, title=f"{status['cluster']}: {status['alive']} alive / target {status['target']}",
+                      title_justify="left")
+        for column in ("node", "provider", "zone", "type", "state", "alive", "uptime", "$/h"):
+            table.add_column(column, justify="right" if column in ("uptime", "$/h") else "left")
+        for node in status["nodes"]:
+            state = node["state"] + (f" ({_left(node['notice_deadline'])} left)" if node["notice_deadline"] else "")
+            table.add_row(node["id"], node["provider"], node["zone"], node["instance_type"], state,
+                          "yes" if node["alive"] else "no", _duration(node["uptime_s"]),
+                          f"{node['price_per_hour']:.4f}")
+        console.out.print(table)
+        console.out.print(
+            f"burn {costs['burn_per_hour']:.4f} $/h (on-demand {costs['on_demand_per_hour']:.4f} $/h), "
+            f"total {costs['total']:.4f} $, savings {costs['savings_pct']:.1f} %", markup=False)
+        for event in status["recent_events"]:
+            stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
+            console.out.print(f"  {stamp} {event['kind']:<9} {event['message']}", markup=False)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _left(deadline: float) -> str:
+    return f"{max(0, int(deadline - time.time()))}s"
