@@ -1,72 +1,87 @@
-"""Tiny real training job for the quickstart recipe: an MLP fit to a seeded synthetic regression.
+"""Quickstart job: a small CNN learns to tell generated shapes apart (circle, square, cross).
 
-Runs on CPU with the gloo backend under torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR...:
+The images are drawn from a seed, so nothing is downloaded and every node sees the same data.
+spotrun's ElasticTrainer makes the loop survive preemptions: it resumes from the newest
+checkpoint, re-shards the data for the current world size and checkpoints when the node agent
+asks. Run it under spotrun (`spotrun up recipes/quickstart.yaml`), or alone for a smoke test:
 
-    torchrun --nproc-per-node 2 train.py --steps 200
-
-Each rank trains on its own shard of the same seeded dataset; DistributedDataParallel averages
-the gradients, so every rank holds the same model. Without torchrun it runs as a single process.
+    SPOTRUN_CHECKPOINT_DIR=/tmp/ckpt torchrun --nproc-per-node 2 train.py --steps 50
 """
 
+from __future__ import annotations
+
 import argparse
-import os
+import math
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+
+from spotrun.elastic.trainer import ElasticTrainer
+
+SIZE = 24
+CLASSES = ("circle", "square", "cross")
 
 
-def make_data(samples: int, features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """y = sin(x @ w) + noise, identical on every rank because the generator is seeded."""
+def draw(kind: int, gen: torch.Generator) -> torch.Tensor:
+    """One noisy SIZE x SIZE image of a shape with random centre and radius."""
+    r = 3 + 5 * torch.rand(1, generator=gen).item()
+    cx, cy = (r + (SIZE - 2 * r) * torch.rand(2, generator=gen)).tolist()
+    ys, xs = torch.meshgrid(torch.arange(SIZE, dtype=torch.float32), torch.arange(SIZE, dtype=torch.float32),
+                            indexing="ij")
+    dx, dy = xs - cx, ys - cy
+    if kind == 0:
+        shape = (dx**2 + dy**2).sqrt() <= r
+    elif kind == 1:
+        shape = (dx.abs() <= r * 0.8) & (dy.abs() <= r * 0.8)
+    else:
+        shape = ((dx.abs() <= r * 0.25) & (dy.abs() <= r)) | ((dy.abs() <= r * 0.25) & (dx.abs() <= r))
+    return shape.float() + 0.3 * torch.randn(SIZE, SIZE, generator=gen)
+
+
+def make_data(count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(samples, features, generator=gen)
-    w = torch.randn(features, 1, generator=gen)
-    y = torch.sin(x @ w) + 0.05 * torch.randn(samples, 1, generator=gen)
-    return x, y
+    labels = torch.randint(len(CLASSES), (count,), generator=gen)
+    images = torch.stack([draw(int(k), gen) for k in labels]).unsqueeze(1)
+    return images, labels
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)  # identical initial weights on every rank
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * (SIZE // 4) ** 2, 64), nn.ReLU(), nn.Linear(64, len(CLASSES)),
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200, help="optimizer steps to run")
-    parser.add_argument("--batch", type=int, default=64, help="batch size per rank")
-    parser.add_argument("--log-every", type=int, default=20, help="print the loss every N steps")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch", type=int, default=48, help="global batch, split across the nodes")
+    parser.add_argument("--samples", type=int, default=3000)
+    parser.add_argument("--log-every", type=int, default=10)
     args = parser.parse_args()
 
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    distributed = world_size > 1
-    if distributed:
-        dist.init_process_group("gloo")  # MASTER_ADDR/PORT or the rendezvous come from torchrun
-
-    torch.manual_seed(args.seed)  # same initial weights on every rank
-    x, y = make_data(4096, 16, args.seed)
-    x, y = x[rank::world_size], y[rank::world_size]  # this rank's shard
-
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
-    if distributed:
-        model = DistributedDataParallel(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    loss_fn = nn.MSELoss()
-    gen = torch.Generator().manual_seed(args.seed + rank)
-
-    for step in range(1, args.steps + 1):
-        idx = torch.randint(0, x.shape[0], (args.batch,), generator=gen)
-        loss = loss_fn(model(x[idx]), y[idx])
-        optimizer.zero_grad()
-        loss.backward()  # DDP all-reduces (averages) the gradients here
-        optimizer.step()
-        if step % args.log_every == 0 or step == args.steps:
-            reported = loss.detach().clone()
-            if distributed:
-                dist.all_reduce(reported)
-                reported /= world_size
-            if rank == 0:
-                print(f"step {step} loss {reported.item():.4f} world_size {world_size}", flush=True)
-
-    if distributed:
-        dist.destroy_process_group()
+    torch.set_num_threads(1)
+    images, labels = make_data(args.samples)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    with ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch,
+                        dataset_len=args.samples) as trainer:
+        for step, idx in trainer.batches():
+            logits = trainer.model(images[idx])
+            loss = loss_fn(logits, labels[idx])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            trainer.step_done(loss.item())
+            if trainer.rank == 0 and (step % args.log_every == 0 or step == args.steps):
+                accuracy = (logits.argmax(1) == labels[idx]).float().mean().item()
+                print(f"step {step} world {trainer.world_size} loss {loss.item():.4f} acc {accuracy:.2f}",
+                      flush=True)
+    if math.isnan(loss.item()):
+        raise SystemExit("loss became NaN")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,296 @@
+"""Trainer helpers a training script imports to survive preemptions without losing a step.
+
+    from spotrun.elastic.trainer import ElasticTrainer
+
+    with ElasticTrainer(model, optimizer, total_steps=300, global_batch=64, dataset_len=len(data)) as t:
+        for step, indices in t.batches():          # this rank's share of the global batch
+            loss = loss_fn(t.model(x[indices]), y[indices])
+            optimizer.zero_grad(); loss.backward(); optimizer.step()
+            t.step_done(loss.item())
+
+What it does for the script:
+- resumes from the newest valid checkpoint (a corrupt newest one is skipped, with a warning);
+- re-shards data from the global sample offset, so a resize neither skips nor repeats a sample;
+- "checkpoint now": when the node agent asks (a notice, a join, a drain), all ranks agree on it
+  with one tiny all_reduce per step, rank 0 saves at that step boundary, and every worker exits
+  with EXIT_REFORM so torch elastic re-forms the group at the new size;
+- emergency save: when a collective fails because a peer died, survivors save the last completed
+  step (DDP replicas are identical) before exiting, so a hard kill loses no completed step;
+- periodic checkpoints written by a background thread; progress for `spotrun status` and the TUI.
+
+Configuration comes from arguments or from the environment the node agent sets:
+SPOTRUN_CHECKPOINT_DIR, SPOTRUN_CHECKPOINT_EVERY_STEPS, SPOTRUN_CHECKPOINT_EVERY_SECONDS,
+SPOTRUN_CHECKPOINT_KEEP, SPOTRUN_CONTROL_FILE, SPOTRUN_PROGRESS_FILE, SPOTRUN_COLLECTIVE_TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from spotrun.elastic import checkpoint
+
+EXIT_REFORM = 75  # workers exit with this after an agreed checkpoint: "re-form the group", not a failure
+
+
+def _env(name: str, cast, default):
+    value = os.environ.get(name)
+    return cast(value) if value not in (None, "") else default
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"[spotrun rank {os.environ.get('RANK', '?')}] {message}\n")
+    sys.stderr.flush()
+
+
+class ElasticTrainer:
+    """Wraps one training loop; see the module docstring. Use as a context manager."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, total_steps: int,
+                 global_batch: int, dataset_len: int, checkpoint_dir: str | Path | None = None,
+                 every_steps: int | None = None, every_seconds: float | None = None, keep: int | None = None,
+                 seed: int = 0) -> None:
+        if global_batch < 1 or dataset_len < 1 or total_steps < 1:
+            raise ValueError(f"global_batch ({global_batch}), dataset_len ({dataset_len}) and total_steps "
+                             f"({total_steps}) must be >= 1")
+        self._init_group()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.total_steps, self.global_batch, self.dataset_len, self.seed = total_steps, global_batch, dataset_len, seed
+        self.checkpoint_dir = Path(checkpoint_dir or _env("SPOTRUN_CHECKPOINT_DIR", str, "checkpoints"))
+        self.every_steps = every_steps or _env("SPOTRUN_CHECKPOINT_EVERY_STEPS", int, None)
+        self.every_seconds = every_seconds or _env("SPOTRUN_CHECKPOINT_EVERY_SECONDS", float, None)
+        self.keep = keep or _env("SPOTRUN_CHECKPOINT_KEEP", int, 3)
+        self.optimizer = optimizer
+        self.raw_model = model
+        self.model = torch.nn.parallel.DistributedDataParallel(model) if self.world_size > 1 else model
+        self.step = 0
+        self.samples_seen = 0
+        self.resumed_from: int | None = None
+        self._control = _ControlFile(_env("SPOTRUN_CONTROL_FILE", Path, None))
+        # One reporter per node: local rank 0 (the agent publishes one progress record per node).
+        local_zero = os.environ.get("LOCAL_RANK", "0") == "0"
+        self._progress = _ProgressFile(_env("SPOTRUN_PROGRESS_FILE", Path, None) if local_zero else None)
+        self._writer = _AsyncWriter()
+        self._last_save_at = time.monotonic()
+        self._flag = torch.zeros(1)
+        self._resume()
+
+    # -- public ---------------------------------------------------------------------------------
+    def __enter__(self) -> "ElasticTrainer":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is None:
+            self.finish()
+            return False
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)) or not _is_peer_failure(exc):
+            return False
+        self._emergency_exit(exc)
+        return False  # not reached
+
+    def batches(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (step, this rank's sample indices) until total_steps; the step is 1-based."""
+        while self.step < self.total_steps:
+            yield self.step + 1, self._indices(self.samples_seen)
+
+    def step_done(self, loss: float | None = None) -> None:
+        """Call after optimizer.step(): counts the step, reports progress, checkpoints when due,
+        and acts on an agreed "checkpoint now" (save, then exit EXIT_REFORM on every rank)."""
+        self.step += 1
+        self.samples_seen += self.global_batch
+        self._progress.report(self.step, self.world_size, self.global_batch, loss)
+        if self._agreed_checkpoint_now():
+            self._save_sync("agreed")
+            dist.barrier()
+            _say(f"checkpoint at step {self.step} agreed by all ranks; leaving for re-formation")
+            self._exit(EXIT_REFORM)
+        if self._periodic_due() and self.rank == 0:
+            self._writer.submit(self._snapshot(), self._write_and_prune)
+            self._last_save_at = time.monotonic()
+
+    def finish(self) -> None:
+        """Final checkpoint, then leave the process group. Call once, after the last step."""
+        self._writer.wait()
+        if self.rank == 0:
+            self._write_and_prune(self._snapshot())
+        if self.world_size > 1:
+            dist.barrier()
+        dist.destroy_process_group()
+
+    # -- data -----------------------------------------------------------------------------------
+    def _indices(self, offset: int) -> torch.Tensor:
+        """This rank's slice of the global batch starting at global sample `offset` (epochs are
+        seeded permutations, so the sample sequence is the same whatever the world size)."""
+        positions = torch.arange(offset, offset + self.global_batch)
+        epochs, within = positions // self.dataset_len, positions % self.dataset_len
+        order = {int(e): torch.randperm(self.dataset_len, generator=torch.Generator().manual_seed(self.seed + int(e)))
+                 for e in epochs.unique()}
+        samples = torch.stack([order[int(e)][i] for e, i in zip(epochs, within)])
+        return torch.tensor_split(samples, self.world_size)[self.rank]
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _resume(self) -> None:
+        manifest = checkpoint.newest_valid(self.checkpoint_dir, warn=_say)
+        if manifest is None:
+            return
+        state = checkpoint.load_state(manifest)
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.samples_seen = state["step"], state["samples_seen"]
+        self.resumed_from = self.step
+        if self.rank == 0:
+            _say(f"resumed from step {self.step} (saved at world size {manifest.world_size}, now {self.world_size})")
+
+    def _snapshot(self) -> dict[str, Any]:
+        """A copy of everything needed to resume, safe to write from another thread."""
+        clone = lambda v: v.detach().clone() if torch.is_tensor(v) else v  # noqa: E731
+        optim = self.optimizer.state_dict()
+        return {"model": {k: clone(v) for k, v in self.raw_model.state_dict().items()},
+                "optimizer": {"state": {k: {n: clone(t) for n, t in s.items()} for k, s in optim["state"].items()},
+                              "param_groups": optim["param_groups"]},
+                "step": self.step, "samples_seen": self.samples_seen, "world_size": self.world_size}
+
+    def _write_and_prune(self, state: dict[str, Any]) -> None:
+        manifest = checkpoint.write(self.checkpoint_dir, state["step"], state["world_size"],
+                                    lambda path: torch.save(state, path), state["samples_seen"])
+        checkpoint.prune(self.checkpoint_dir, self.keep)
+        self._progress.checkpointed(manifest)
+
+    def _save_sync(self, why: str) -> None:
+        self._writer.wait()
+        if self.rank == 0:
+            self._write_and_prune(self._snapshot())
+
+    def _periodic_due(self) -> bool:
+        by_steps = self.every_steps is not None and self.step % self.every_steps == 0
+        by_time = self.every_seconds is not None and time.monotonic() - self._last_save_at >= self.every_seconds
+        return by_steps or by_time
+
+    def _agreed_checkpoint_now(self) -> bool:
+        """One tiny all_reduce per step: true on every rank when any rank's agent asked."""
+        self._flag.fill_(1.0 if self._control.requested() else 0.0)
+        if self.world_size > 1:
+            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        return bool(self._flag.item())
+
+    def _emergency_exit(self, exc: BaseException) -> None:
+        """A peer died mid-collective: our replica holds the last completed step; save it and go."""
+        _say(f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
+             f"saving completed step {self.step} before leaving")
+        try:
+            self._writer.wait()
+            if self.step > 0:
+                self._write_and_prune(self._snapshot())
+        finally:
+            self._exit(EXIT_REFORM)
+
+    @staticmethod
+    def _exit(code: int) -> None:
+        # os._exit: a normal exit would run gloo/DDP destructors that can hang on a dead peer.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    @staticmethod
+    def _init_group() -> None:
+        if not dist.is_initialized():
+            timeout = timedelta(seconds=_env("SPOTRUN_COLLECTIVE_TIMEOUT", float, 60.0))
+            dist.init_process_group("gloo", timeout=timeout)
+
+
+def _is_peer_failure(exc: BaseException) -> bool:
+    """Errors a dead or departed peer causes in gloo collectives (not bugs in the script)."""
+    if isinstance(exc, getattr(dist, "DistBackendError", ())) or isinstance(exc, getattr(dist, "DistNetworkError", ())):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(
+        marker in text for marker in ("gloo", "connection closed", "connection reset", "broken pipe", "timed out"))
+
+
+class _ControlFile:
+    """The node agent's requests: a JSON file whose `seq` grows with each "checkpoint now"."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._mtime = 0.0
+        self._baseline = self._seq()  # a request older than this worker was already served
+
+    def _seq(self) -> int:
+        try:
+            self._mtime = self.path.stat().st_mtime if self.path else 0.0
+            return int(json.loads(self.path.read_text()).get("seq", 0)) if self.path else 0
+        except (OSError, ValueError):
+            return 0
+
+    def requested(self) -> bool:
+        if self.path is None:
+            return False
+        try:
+            if self.path.stat().st_mtime == self._mtime:
+                return False  # the common case: one stat() per step, no read
+        except OSError:
+            return False
+        return self._seq() > self._baseline
+
+
+class _ProgressFile:
+    """Step, throughput, loss and the newest checkpoint, for the agent to publish to etcd."""
+
+    def __init__(self, path: Path | None, min_interval: float = 0.5) -> None:
+        self.path, self.min_interval = path, min_interval
+        self._last_write = 0.0
+        self._window: tuple[float, int] | None = None
+        self._checkpoint: dict[str, Any] | None = None
+        self._data: dict[str, Any] = {}
+
+    def report(self, step: int, world_size: int, global_batch: int, loss: float | None) -> None:
+        now = time.monotonic()
+        if self._window is None:
+            self._window = (now, step)
+        start, start_step = self._window
+        rate = (step - start_step) * global_batch / (now - start) if now > start else 0.0
+        if now - start > 5.0:
+            self._window = (now, step)
+        self._data = {"step": step, "world_size": world_size, "samples_per_s": round(rate, 2),
+                      "loss": loss, "heartbeat_at": time.time()}
+        if now - self._last_write >= self.min_interval:
+            self._flush()
+
+    def checkpointed(self, manifest: checkpoint.Manifest) -> None:
+        self._checkpoint = {"step": manifest.step, "path": manifest.path, "bytes": manifest.bytes,
+                            "sha256": manifest.sha256, "written_at": manifest.written_at}
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.path is None:
+            return
+        self._last_write = time.monotonic()
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({**self._data, "checkpoint": self._checkpoint}))
+        os.replace(tmp, self.path)
+
+
+class _AsyncWriter:
+    """One background write at a time; a new request while one runs is dropped (the next is due soon)."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+
+    def submit(self, state: dict[str, Any], write) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=write, args=(state,), name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()

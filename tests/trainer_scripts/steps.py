@@ -1,0 +1,32 @@
+"""A tiny ElasticTrainer job for tests: prints `STEP <n> WORLD <w> IDX <i,j,...>` once per step on
+every rank, so a test can check that no step ran twice and no sample was skipped or repeated."""
+
+import argparse
+import time
+
+import torch
+from torch import nn
+
+from spotrun.elastic.trainer import ElasticTrainer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=40)
+parser.add_argument("--batch", type=int, default=12)
+parser.add_argument("--samples", type=int, default=50)
+parser.add_argument("--delay", type=float, default=0.05, help="seconds per step, so tests can act mid-run")
+args = parser.parse_args()
+
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(args.samples, 4, generator=torch.Generator().manual_seed(1))
+y = x.sum(1, keepdim=True)
+with ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch, dataset_len=args.samples) as t:
+    for step, idx in t.batches():
+        loss = ((t.model(x[idx]) - y[idx]) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        print(f"STEP {step} WORLD {t.world_size} RANK {t.rank} IDX {','.join(map(str, idx.tolist()))}", flush=True)
+        t.step_done(loss.item())
+        time.sleep(args.delay)
