@@ -1,0 +1,135 @@
+"""Compute Engine request bodies and response parsing for Spot VMs (pure functions, no I/O).
+
+libcloud 3.9.1's GCE driver only knows the legacy `scheduling.preemptible`; a Spot VM needs
+`scheduling.provisioningModel: SPOT` and `instanceTerminationAction`, so spotrun builds the
+`instances.insert` body itself (to be POSTed through libcloud's authenticated GCE connection).
+Preemption is read from the zone's operations (`operationType: compute.instances.preempted`),
+because a Spot VM with termination action DELETE disappears from `instances.list`.
+
+Tested against recorded, real-shaped JSON only (tests/data/gcp/); no GCP provider class that
+calls the API exists yet (see the report of issue 6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from spotrun.providers.base import InstanceState, LaunchSpec
+
+_NOT_LABEL = re.compile(r"[^a-z0-9_-]+")
+_NOT_NAME = re.compile(r"[^a-z0-9-]+")
+_STATES = {"PROVISIONING": InstanceState.PENDING, "STAGING": InstanceState.PENDING,
+           "RUNNING": InstanceState.RUNNING, "REPAIRING": InstanceState.PENDING}
+# (vCPUs, memory GiB, GPUs, GPU name) of machine types spotrun offers on GCP.
+MACHINE_TYPES: dict[str, tuple[int, float, int, str | None]] = {
+    "n1-standard-4": (4, 15.0, 0, None), "n1-standard-8": (8, 30.0, 0, None),
+    "n1-standard-16": (16, 60.0, 0, None), "n2-standard-8": (8, 32.0, 0, None),
+    "e2-standard-4": (4, 16.0, 0, None), "c2-standard-8": (8, 32.0, 0, None),
+    "a2-highgpu-1g": (12, 85.0, 1, "A100"), "a2-highgpu-8g": (96, 680.0, 8, "A100"),
+    "g2-standard-4": (4, 16.0, 1, "L4"),
+}
+
+
+def label(value: str) -> str:
+    """A GCE label value: lowercase letters, digits, '_' and '-', at most 63 characters."""
+    return _NOT_LABEL.sub("-", value.lower())[:63]
+
+
+def instance_name(cluster: str, idempotency_key: str, index: int) -> str:
+    """Deterministic per (cluster, key, index), so a retried insert hits `alreadyExists`."""
+    slug = _NOT_NAME.sub("-", cluster.lower()).strip("-")[:40] or "c"
+    digest = hashlib.sha256(f"{cluster}/{idempotency_key}".encode()).hexdigest()[:6]
+    return f"sr-{slug}-{digest}-{index}"
+
+
+def instance_body(spec: LaunchSpec, *, index: int, image: str, user_data: str, host_public_key: str,
+                  ssh_user: str, network: str = "global/networks/default", disk_gb: int = 200) -> dict[str, Any]:
+    """The `instances.insert` body of VM `index` of `spec`: a Spot VM (or standard when
+    `spec.offer.spot` is False) deleted on preemption, labelled with the cluster and key, with
+    the cluster's SSH key, the cloud-init `user_data` and the host key in its metadata, and the
+    network tag `spotrun-<cluster>` that the cluster's firewall rules select."""
+    zone = spec.offer.zone
+    labels = {"spotrun": "1", "spotrun-cluster": label(spec.cluster), "spotrun-key": label(spec.idempotency_key),
+              **{label(k): label(v) for k, v in spec.labels.items()}}
+    scheduling: dict[str, Any] = {"onHostMaintenance": "TERMINATE", "automaticRestart": not spec.offer.spot}
+    if spec.offer.spot:
+        scheduling.update({"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"})
+    else:
+        scheduling["provisioningModel"] = "STANDARD"
+    metadata = {"ssh-keys": f"{ssh_user}:{spec.ssh_public_key.strip()}", "user-data": user_data,
+                "spotrun-cluster": spec.cluster, "spotrun-idempotency-key": spec.idempotency_key,
+                "spotrun-host-key": host_public_key, "spotrun-price": f"{spec.offer.price:.6f}",
+                "spotrun-on-demand": f"{spec.offer.on_demand_price:.6f}"}
+    return {
+        "name": instance_name(spec.cluster, spec.idempotency_key, index),
+        "machineType": f"zones/{zone}/machineTypes/{spec.offer.instance_type}",
+        "labels": labels,
+        "tags": {"items": [f"spotrun-{_NOT_NAME.sub('-', spec.cluster.lower()).strip('-')[:50]}"]},
+        "metadata": {"items": [{"key": k, "value": v} for k, v in metadata.items()]},
+        "scheduling": scheduling,
+        "disks": [{"boot": True, "autoDelete": True, "type": "PERSISTENT",
+                   "initializeParams": {"sourceImage": image, "diskSizeGb": str(disk_gb), "labels": labels}}],
+        "networkInterfaces": [{"network": network, "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]}],
+    }
+
+
+def preempted(operations: Mapping[str, Any]) -> dict[str, str]:
+    """{instance name: status message} from a `zoneOperations.list` response."""
+    found = {}
+    for op in operations.get("items", []):
+        if op.get("operationType") == "compute.instances.preempted":
+            name = str(op.get("targetLink", "")).rsplit("/", 1)[-1]
+            found[name] = op.get("statusMessage") or "Instance was preempted."
+    return found
+
+
+def parse_instance(item: Mapping[str, Any], preempted_names: Mapping[str, str]) -> dict[str, Any]:
+    """The fields spotrun needs from an `instances.get/list` item: id, name, zone, type, state,
+    reason, host, labels and spotrun's metadata values."""
+    meta = {m["key"]: m.get("value", "") for m in item.get("metadata", {}).get("items", [])}
+    status, name = item.get("status", ""), item.get("name", "")
+    if status in _STATES:
+        state, reason = _STATES[status], None
+    elif name in preempted_names:
+        state, reason = InstanceState.PREEMPTED, preempted_names[name]
+    else:
+        state, reason = InstanceState.TERMINATED, item.get("statusMessage") or status.lower() or None
+    nic = (item.get("networkInterfaces") or [{}])[0]
+    access = (nic.get("accessConfigs") or [{}])[0]
+    return {"id": name, "numeric_id": item.get("id"), "zone": str(item.get("zone", "")).rsplit("/", 1)[-1],
+            "instance_type": str(item.get("machineType", "")).rsplit("/", 1)[-1], "state": state, "reason": reason,
+            "host": access.get("natIP") or nic.get("networkIP", ""), "private_ip": nic.get("networkIP"),
+            "labels": dict(item.get("labels", {})), "cluster": meta.get("spotrun-cluster", ""),
+            "idempotency_key": meta.get("spotrun-idempotency-key", ""), "host_public_key": meta.get("spotrun-host-key", ""),
+            "price": float(meta.get("spotrun-price") or 0.0), "on_demand": float(meta.get("spotrun-on-demand") or 0.0),
+            "created": item.get("creationTimestamp"),
+            "provisioning_model": item.get("scheduling", {}).get("provisioningModel", "STANDARD")}
+
+
+def preempted_instance(name: str, zone: str, message: str) -> dict[str, Any]:
+    """A deleted Spot VM known only from its preemption operation (termination action DELETE)."""
+    return {"id": name, "zone": zone, "state": InstanceState.PREEMPTED, "reason": message}
+
+
+def family_price(machine_type: str, region: str) -> tuple[float, float] | None:
+    """(spot, on-demand) $/h from libcloud's per-vCPU and per-GiB `preemptible` / `on_demand`
+    rates for the machine family; None when libcloud has no rates for it (a2, g2: GPU families,
+    which need the Cloud Billing Catalog)."""
+    from libcloud.pricing import get_pricing
+
+    shape = MACHINE_TYPES.get(machine_type)
+    family = get_pricing("compute", "gce_instances").get(machine_type.split("-", 1)[0])
+    if shape is None or family is None:
+        return None
+    cpus, ram, _, _ = shape
+    prices = []
+    for kind in ("preemptible", "on_demand"):
+        cpu = family.get("cpu", {}).get(kind, {}).get(region, {}).get("price")
+        mem = family.get("ram", {}).get(kind, {}).get(region, {}).get("price", 0.0)
+        if not cpu:
+            return None
+        prices.append(round(cpus * float(cpu) + ram * float(mem), 6))
+    return prices[0], prices[1]
