@@ -63,7 +63,7 @@ def _one(count: int, root: Path, endpoint: str) -> float:
     recipe.write_text(RECIPE.format(count=count, endpoint=endpoint))
     start = time.perf_counter()
     try:
-        result = up(recipe, reporter_factory=_Quiet)
+        result = up(recipe, train=False, reporter_factory=_Quiet)
         took = time.perf_counter() - start
         assert len(result.nodes) == count, result
         return took

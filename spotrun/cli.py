@@ -85,6 +85,7 @@ def validate(
 @app.command()
 def up(
     recipe: Annotated[Path, typer.Argument(help="The recipe file, e.g. recipes/quickstart.yaml.", show_default=False)],
+    train: Annotated[bool, typer.Option("--train/--no-train", help="Start the recipe's `run` on the nodes.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
 ) -> None:
     """Launch the recipe's cluster (or reconcile it to its target) and start every node agent.
@@ -96,7 +97,7 @@ def up(
     from spotrun import console
     from spotrun.up import up as run_up
 
-    result = run_up(recipe)
+    result = run_up(recipe, train=train)
     if json_out:
         console.print_json({"cluster": result.cluster, "launched": result.launched,
                             "bootstrapped": result.bootstrapped, "nodes": result.nodes})
@@ -210,6 +211,28 @@ def preempt(
     deadline = run_preempt(cluster, node, notice)
     console.out.print(f"{node}: preemption notice armed; the VM dies in {max(0.0, deadline - _time.time()):.0f} s",
                       markup=False)
+
+
+@app.command()
+def prices(
+    provider: Annotated[Optional[str], typer.Option("--provider", help="Only this provider (local, aws, ...).")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="Only offers whose GPU name contains this, e.g. a100.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print offers as JSON on stdout.")] = False,
+) -> None:
+    """Candidate offers sorted by $/hour (and $/GPU-hour), spot against on-demand, from every provider.
+
+    Providers without credentials are skipped with a note on stderr; naming one with --provider makes that an error.
+    """
+    from spotrun import console
+    from spotrun.prices import list_prices, render, to_json
+
+    table = list_prices(provider, gpu)
+    if json_out:
+        sys.stdout.write(to_json(table) + "\n")
+    else:
+        render(table, console.out)
+    for note in table.notes:
+        console.err.print(f"note: {note}", markup=False)
 
 
 @etcd_app.command("start")

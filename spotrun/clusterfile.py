@@ -23,6 +23,7 @@ class ClusterFile:
     recipe_json: str
     endpoints: list[str]
     embedded: bool
+    train: bool = True  # agents run the recipe's `run`; False brings up nodes and agents only
     created_at: float = field(default_factory=time.time)
 
     @property

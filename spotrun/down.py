@@ -43,6 +43,8 @@ def down(cluster: str, *, purge: bool = False) -> DownResult:
         ids = [inst.id for inst in provider.instances(cluster) if not inst.state.is_gone]
         provider.terminate(ids)
         result.terminated += ids
+        if supports(provider, "cleanup"):
+            provider.cleanup(cluster)  # key pairs, security groups: nothing of the cluster may stay
         if purge and supports(provider, "purge"):
             provider.purge(cluster)
     _clean_etcd(record, recipe, purge, result)

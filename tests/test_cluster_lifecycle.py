@@ -88,7 +88,7 @@ def _provider(home: Path):
 
 def test_up_status_rerun_down(tmp_path: Path, home: Path) -> None:
     recipe = _recipe(tmp_path, "life")
-    first = json.loads(_cli(home, "up", str(recipe), "--json").stdout)
+    first = json.loads(_cli(home, "up", str(recipe), "--no-train", "--json").stdout)
     assert len(first["nodes"]) == 3 and sorted(first["launched"]) == sorted(first["nodes"])
 
     status = json.loads(_cli(home, "status", "life", "--json").stdout)
@@ -103,7 +103,7 @@ def test_up_status_rerun_down(tmp_path: Path, home: Path) -> None:
         assert (vm_home / "work" / "train.py").read_text() == "print('hello')\n"
         assert (vm_home / "work" / "setup.log").read_text() == "ran\n"
 
-    again = json.loads(_cli(home, "up", str(recipe), "--json").stdout)
+    again = json.loads(_cli(home, "up", str(recipe), "--no-train", "--json").stdout)
     assert again["launched"] == [] and again["bootstrapped"] == []
     assert sorted(again["nodes"]) == sorted(first["nodes"])
     assert all((h / "work" / "setup.log").read_text() == "ran\n" for h in homes), "setup ran twice"
@@ -128,7 +128,7 @@ def test_up_status_rerun_down(tmp_path: Path, home: Path) -> None:
 
 def test_failed_setup_leaves_no_half_built_cluster(tmp_path: Path, home: Path) -> None:
     recipe = _recipe(tmp_path, "broken", target=2, setup="echo about to fail; exit 3")
-    result = _cli(home, "up", str(recipe), check=False)
+    result = _cli(home, "up", str(recipe), "--no-train", check=False)
     assert result.returncode == 6, result.stderr
     assert "failed to bootstrap" in result.stderr and "about to fail" in result.stderr
     assert "Traceback" not in result.stderr

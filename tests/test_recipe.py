@@ -560,4 +560,5 @@ def test_quickstart_train_script_runs_under_torchrun(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in steps] == ["10", "20"]
-    assert all(line.endswith("world_size 2") for line in steps)
+    assert all(line.split()[2:4] == ["world", "2"] for line in steps)
+    assert (tmp_path / "checkpoints" / "step-000000020" / "manifest.json").is_file(), "final checkpoint missing"
