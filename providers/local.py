@@ -38,7 +38,7 @@ from spotrun import log
 from spotrun.errors import NotFoundError, ProviderError
 from spotrun.paths import spotrun_home
 from spotrun.providers.base import NOTICE_PROTOCOLS, Instance, InstanceState, LaunchSpec, NoticeProtocol, Offer
-from spotrun.providers.local_vm import MODULE, VmFiles, VmStartError, log_tail
+from spotrun.providers.local_vm import MODULE, SHARED, VmFiles, VmStartError, log_tail
 from spotrun.providers.metadata import arm_notice, iso_utc, read_json, read_notice, write_json_atomic
 
 _log = log.get("providers.local")
@@ -143,12 +143,21 @@ class LocalProvider:
         return notice.deadline
 
     def purge(self, cluster: str) -> None:
-        """Terminate what still runs of `cluster` and delete all its VM dirs, logs included. Idempotent."""
+        """Terminate what still runs of `cluster` and delete all its VM dirs, logs and shared
+        directory (checkpoints) included. Idempotent."""
         for files in self._all_vms():
             labels = read_json(files.labels)
             if labels is not None and labels.get("cluster") == cluster:
                 self.terminate([files.root.name])
                 shutil.rmtree(files.root, ignore_errors=True)
+        shutil.rmtree(self.root / "shared" / cluster, ignore_errors=True)
+
+    def shared_dir(self, cluster: str) -> Path:
+        """The host directory every VM of `cluster` sees at SHARED (it stands in for a bucket);
+        it outlives the VMs, so checkpoints survive `down` until `purge`."""
+        path = self.root / "shared" / cluster
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
     # -- launch internals ---------------------------------------------------------------------
     def _check_host(self) -> None:
@@ -225,6 +234,7 @@ class LocalProvider:
             "zone": spec.offer.zone, "instance_type": spec.offer.instance_type, "login_user": self.login_user,
             "sshd": self.sshd, "sshd_extra": _version_options(self.sshd) + self.sshd_extra_config,
             "path": path, "ready_timeout": self.launch_timeout, "host_public_key": host_key,
+            "shared_dir": str(self.shared_dir(spec.cluster)),
         })
 
     def _spawn(self, files: VmFiles) -> subprocess.Popen[bytes]:
@@ -320,6 +330,7 @@ class LocalProvider:
             launched_at=float(state.get("started_at", labels.get("created_at", 0.0))),
             labels={**labels.get("labels", {}), "cluster": labels["cluster"], "idempotency_key": labels["idempotency_key"]},
             extra={"vm_dir": str(files.root), "log": str(files.log), "init_pid": state.get("pid"),
+                   "shared_dir": str(SHARED) if config.get("shared_dir") else None,
                    "notice_protocol": config.get("notice_protocol", self.notice_protocol),
                    "notice_deadline": notice.deadline if notice else None},
         )

@@ -32,6 +32,7 @@ from typing import Any
 from spotrun.providers.metadata import MetadataServer, read_json, read_notice, write_json_atomic
 
 INSIDE = Path("/run/spotrun/vm")  # where the VM dir is mounted inside the VM
+SHARED = Path("/run/spotrun/shared")  # the cluster's shared directory (stands in for a bucket)
 MODULE = "spotrun.providers.local_vm"
 PORT_ATTEMPTS = 5
 SUPERVISE_TICK_S = 0.2  # how often the init reaps and checks the preemption deadline
@@ -109,9 +110,11 @@ def _covered_paths(home: Path) -> list[Path]:
     return sorted(p for p in covered if not any(p != q and p.is_relative_to(q) for q in covered))
 
 
-def setup_mounts(vm_dir: Path, home: Path) -> None:
+def setup_mounts(vm_dir: Path, home: Path, shared: Path | None = None) -> None:
     """Build the VM's private view of the filesystem (see the module docstring)."""
     held = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in _covered_paths(home)]
+    # Opened before the home is covered: the shared dir may live under it ($SPOTRUN_HOME).
+    shared_fd = os.open(shared, os.O_PATH | os.O_DIRECTORY) if shared else None
     _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=755")
     for d in (Path("/run/sshd"), INSIDE):
         d.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -123,6 +126,10 @@ def setup_mounts(vm_dir: Path, home: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         _mount(f"/proc/self/fd/{fd}", path, flags=_MS_BIND | _MS_REC)
         os.close(fd)
+    if shared_fd is not None:
+        SHARED.mkdir(parents=True, exist_ok=True)
+        _mount(f"/proc/self/fd/{shared_fd}", SHARED, flags=_MS_BIND)
+        os.close(shared_fd)
 
 
 # -- sshd -------------------------------------------------------------------------------------
@@ -247,7 +254,8 @@ def run(vm_dir: Path) -> int:
     if config is None:
         print(f"spotrun-vm: {vm_dir}/vm.json is missing or invalid", flush=True)
         return 2
-    setup_mounts(vm_dir, Path(pwd.getpwnam(config["login_user"]).pw_dir))
+    shared = Path(config["shared_dir"]) if config.get("shared_dir") else None
+    setup_mounts(vm_dir, Path(pwd.getpwnam(config["login_user"]).pw_dir), shared)
     files = VmFiles(INSIDE)
     _write_state(files, pid=host_pid, phase="starting", started_at=time.time())
     identity = {"id": config["id"], "name": config["id"], "zone": config["zone"], "instance_type": config["instance_type"]}

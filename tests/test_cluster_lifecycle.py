@@ -168,6 +168,9 @@ def test_host_key_mismatch_is_refused_without_retry(tmp_path: Path, one_vm) -> N
     good = SshTarget(inst.id, inst.host, inst.ssh_port, inst.ssh_user, inst.host_public_key)
     with connect(good, key) as session:
         assert session.run("echo pinned").tail == ["pinned"]
+        # The cluster's shared directory (checkpoints) is the same host directory in every VM.
+        assert session.run(f"echo from-vm > {inst.extra['shared_dir']}/probe").exit_status == 0
+    assert (tmp_path / "local" / "shared" / "pin" / "probe").read_text() == "from-vm\n"
 
 
 class _Lines:
