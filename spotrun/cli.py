@@ -235,6 +235,34 @@ def prices(
         console.err.print(f"note: {note}", markup=False)
 
 
+@app.command()
+def scale(
+    cluster: Annotated[str, typer.Argument(help="The cluster.", show_default=False)],
+    nodes: Annotated[int, typer.Argument(help="The new target node count (within the recipe's min..max).",
+                                         show_default=False)],
+) -> None:
+    """Set the cluster's target size; the controller launches or drains nodes (most expensive first)."""
+    from spotrun import console
+    from spotrun.control_plane import connect_default
+    from spotrun.scaling import set_target
+
+    with connect_default() as store:
+        change = set_target(store, cluster, nodes)
+    before = "unset" if change.before is None else change.before
+    console.out.print(f"{cluster}: target {before} -> {change.after}", markup=False)
+
+
+@app.command()
+def tui(
+    cluster: Annotated[Optional[str], typer.Argument(help="The cluster to watch; a picker when omitted.",
+                                                     show_default=False)] = None,
+) -> None:
+    """Watch and steer a cluster live: workers, training, costs, checkpoints, events (q quits, ? helps)."""
+    from spotrun.tui.app import run
+
+    run(cluster)
+
+
 @etcd_app.command("start")
 def etcd_start() -> None:
     """Start the embedded etcd if it is not running, and print its endpoint."""
