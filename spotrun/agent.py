@@ -1,8 +1,10 @@
 """The node agent (`spotrun-agent`), one per VM, started by bootstrap.
 
 It keeps a lease-backed liveness key in etcd, watches the VM's metadata endpoint for a
-preemption notice and writes the notice to etcd the moment it arrives, so the controller can
-start a replacement while this VM still has its notice period left.
+preemption notice and writes the notice to etcd the moment it arrives (so the controller can
+start a replacement while this VM still has its notice period left), and supervises the elastic
+launcher: it asks the trainer for an agreed checkpoint and leaves the rendezvous shortly before
+the deadline, on a drain request, and asks for a checkpoint when another node waits to join.
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from spotrun import log
 from spotrun.errors import ControlPlaneError, SpotrunError
-from spotrun.records import Notice, NodeRecord, NodeState
-from spotrun.store import LeaseKeeper, Store, connect
+from spotrun.records import NodeRecord, NodeState, Notice, decode
+from spotrun.store import LeaseKeeper, Store, WatchEvent, connect, key
 
 _log = log.get("agent")
+
+DEFAULT_LEAVE_MARGIN_S = 5.0  # before the deadline: covers an agreed checkpoint and the leave
+LEFT_REASON = "left the training job"  # the controller terminates a node in this state
 
 
 @dataclass(frozen=True)
@@ -31,30 +37,55 @@ class AgentConfig:
     ttl: int = 10
     notice_protocol: str | None = None  # default: $SPOTRUN_NOTICE_PROTOCOL, else aws
     metadata_url: str | None = None  # default: $SPOTRUN_METADATA_URL, else the cloud's address
+    train: bool = False  # run the recipe's `run` under the elastic launcher
+    checkpoint_root: Path | None = None  # storage every node of the cluster reaches
+    state_dir: Path = Path("~/.spotrun").expanduser()
+    leave_margin_s: float = DEFAULT_LEAVE_MARGIN_S
 
 
 class Agent:
-    """Runs until `stop` is set (SIGTERM/SIGINT in `run_agent`)."""
+    """Runs until `stop` is set (SIGTERM/SIGINT in `run_agent`) or its training job finished."""
 
     def __init__(self, config: AgentConfig, stop: threading.Event | None = None) -> None:
         self.config = config
         self.stop = stop or threading.Event()
         self.store: Store = connect(config.endpoints)
         self._keeper: LeaseKeeper | None = None
+        self._launcher = None
+        self._publisher = None
+        self._leave_once = threading.Lock()
+        self._left = False
 
+    # -- lifecycle ------------------------------------------------------------------------------
     def run(self) -> None:
-        """Register, then hold liveness and watch for a notice until stopped. Blocks."""
+        """Register, then hold liveness, watch for notices, drains and joins until stopped. Blocks."""
         cluster, node = self.config.cluster, self.config.node
         self._keep_alive()
         self._set_state(NodeState.RUNNING, "agent registered")
         self.store.add_event(cluster, "join", f"agent on {node} registered (pid {os.getpid()})", node)
         _log.info("registered", extra=log.kv(cluster=cluster, node=node, ttl=self.config.ttl))
-        watcher = threading.Thread(target=self._watch_notice, name="notice", daemon=True)
-        watcher.start()
-        while not self.stop.wait(1.0):
+        threading.Thread(target=self._watch_notice, name="notice", daemon=True).start()
+        watches = [self.store.watch_prefix(key(cluster, "nodes", node), self._on_own_record)]
+        if self.config.train:
+            self._start_training()
+            watches.append(self.store.watch_prefix(self._waiting_prefix(), self._on_waiting))
+        while not self.stop.wait(0.5):
             if self._keeper is None or not self._keeper.active:
                 self._keep_alive()
+            if self._publisher is not None:
+                self._guard(self._publisher.publish_once)
+        for watch in watches:
+            watch.cancel()
         self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._launcher is not None:
+            self._launcher.stop()
+        if self._publisher is not None:
+            self._guard(self._publisher.publish_once)
+        if self._keeper is not None:
+            self._keeper.stop(revoke=True)
+        self.store.close()
 
     def _keep_alive(self) -> None:
         """(Re)publish liveness; after an etcd outage the old lease is gone, so take a new one."""
@@ -64,6 +95,61 @@ class Agent:
             _log.warning("etcd unreachable; will retry", extra=log.kv(error=exc))
             self._keeper = None
 
+    # -- training -------------------------------------------------------------------------------
+    def _start_training(self) -> None:
+        from spotrun.supervisor import Launcher, ProgressPublisher
+
+        spec = self._train_spec()
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        self._launcher = Launcher(self.config.cluster, self.config.node, self.config.endpoints, spec,
+                                  self.config.state_dir, self._on_launcher_exit)
+        self._publisher = ProgressPublisher(self.store, self.config.cluster, self.config.node,
+                                            self._launcher.progress_path)
+        self._launcher.start()
+        _log.info("launcher started", extra=log.kv(run=spec.run, nnodes=spec.nnodes))
+
+    def _train_spec(self):
+        import json
+
+        from spotrun.recipe import Recipe
+        from spotrun.supervisor import TrainSpec
+
+        found = self.store.get_spec(self.config.cluster)
+        if found is None:
+            raise SpotrunError(f"cluster {self.config.cluster!r} has no spec in etcd", hint="run `spotrun up` first")
+        recipe = Recipe.from_json(json.dumps(found[0]))
+        ckpt = recipe.checkpoint
+        root = self.config.checkpoint_root or Path.cwd()
+        return TrainSpec(run=recipe.run, nnodes=f"{recipe.nodes.min}:{recipe.nodes.max}", workdir=Path.cwd(),
+                         env=dict(recipe.env), checkpoint_dir=root / (ckpt.dir if ckpt else "checkpoints"),
+                         every_steps=ckpt.every_steps if ckpt else None,
+                         every_seconds=ckpt.every_seconds if ckpt else None, keep=ckpt.keep if ckpt else 3)
+
+    def _on_launcher_exit(self, code: int, leaving: bool) -> bool:
+        """Record why the launcher stopped; True when the job is finished for this node."""
+        cluster, node = self.config.cluster, self.config.node
+        if code == 0 and leaving:
+            self._guard(lambda: self._set_state(NodeState.LEAVING, LEFT_REASON))
+            self._event("leave", f"{node} left the training job")
+            return True
+        if code == 0:
+            self._event("finished", f"{node}: training job finished")
+            self._guard(lambda: self._set_state(NodeState.RUNNING, "training finished"))
+            return True
+        self._event("failure", f"{node}: launcher exited with code {code}; restarting")
+        return False
+
+    def _waiting_prefix(self) -> str:
+        return key(self.config.cluster, "rdzv") + f"/{self.config.cluster}/waiting/"
+
+    def _on_waiting(self, event: WatchEvent) -> None:
+        """Another node waits to join: checkpoint at the next step so the group re-forms with it."""
+        joiner = event.key.rsplit("/", 1)[-1]
+        if event.kind == "put" and joiner != self.config.node and self._launcher is not None:
+            seq = self._launcher.control.request(f"join:{joiner}")
+            _log.info("join pending; checkpoint requested", extra=log.kv(joiner=joiner, seq=seq))
+
+    # -- leaving: notices and drains ------------------------------------------------------------
     def _watch_notice(self) -> None:
         from spotrun.notices import NoticeWatcher
 
@@ -77,13 +163,42 @@ class Agent:
                         received_at=notice.received_at)
         self._retry(lambda: self.store.put_notice(self.config.cluster, record))
         left = max(0.0, notice.deadline - time.time())
-        self._set_state(NodeState.NOTICE, f"{notice.source} preemption notice, {left:.0f} s left")
-        self._retry(lambda: self.store.add_event(
-            self.config.cluster, "notice", f"{self.config.node}: {notice.source} preemption notice, {left:.0f} s left",
-            self.config.node))
+        self._guard(lambda: self._set_state(NodeState.NOTICE, f"{notice.source} preemption notice, {left:.0f} s left"))
+        self._event("notice", f"{self.config.node}: {notice.source} preemption notice, {left:.0f} s left")
+        # Keep training through the notice period; leave with just enough margin to checkpoint.
+        if not self.stop.wait(max(0.0, notice.deadline - self.config.leave_margin_s - time.time())):
+            self._leave(f"preemption deadline in {max(0.0, notice.deadline - time.time()):.0f} s")
+
+    def _on_own_record(self, event: WatchEvent) -> None:
+        """A drain (scale-down, TUI) marks this node `leaving`; leave the same way a notice does."""
+        if event.kind != "put" or event.value is None or event.key != key(self.config.cluster, "nodes", self.config.node):
+            return
+        try:
+            record = decode(NodeRecord, event.value)
+        except (ValueError, TypeError):
+            return
+        if record.state == NodeState.LEAVING and record.reason.startswith("drain"):
+            self._leave(record.reason)
+
+    def _leave(self, why: str) -> None:
+        with self._leave_once:
+            if self._left:
+                return
+            self._left = True
+        self._event("leaving", f"{self.config.node} leaving: {why}")
+        self._guard(lambda: self._set_state(NodeState.LEAVING, why))
+        if self._launcher is not None:
+            self._launcher.leave()  # first, so the launcher does not rejoin after the workers exit
+            self._launcher.control.request(f"leave:{self.config.node}")
+        else:  # nothing to hand over: the node can go at once
+            self._guard(lambda: self._set_state(NodeState.LEAVING, LEFT_REASON))
+
+    # -- etcd helpers ---------------------------------------------------------------------------
+    def _event(self, kind: str, message: str) -> None:
+        self._retry(lambda: self.store.add_event(self.config.cluster, kind, message, self.config.node))
 
     def _retry(self, write, attempts: int = 20) -> None:
-        """Notices must land: retry a write through a short etcd outage."""
+        """Notices and events must land: retry a write through a short etcd outage."""
         for attempt in range(attempts):
             try:
                 write()
@@ -93,18 +208,19 @@ class Agent:
                 if self.stop.wait(0.5):
                     return
 
+    @staticmethod
+    def _guard(action) -> None:
+        try:
+            action()
+        except ControlPlaneError as exc:
+            _log.warning("etcd unreachable", extra=log.kv(error=exc))
+
     def _set_state(self, state: NodeState, reason: str) -> None:
         cluster, node = self.config.cluster, self.config.node
         current = self.store.get_node(cluster, node) or NodeRecord(
             id=node, cluster=cluster, provider=os.environ.get("SPOTRUN_PROVIDER", "unknown"), zone="",
             instance_type="", price_per_hour=0.0, on_demand_per_hour=0.0, launched_at=time.time())
-        updated = dataclasses.replace(current, state=state, reason=reason)
-        self._retry(lambda: self.store.put_node(updated))
-
-    def _shutdown(self) -> None:
-        if self._keeper is not None:
-            self._keeper.stop(revoke=True)
-        self.store.close()
+        self.store.put_node(dataclasses.replace(current, state=state, reason=reason))
 
 
 def run_agent(config: AgentConfig) -> None:
@@ -127,10 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notice-protocol", choices=("aws", "gcp", "azure"), help="default: $SPOTRUN_NOTICE_PROTOCOL")
     parser.add_argument("--metadata-url", help="the VM's metadata endpoint; default: $SPOTRUN_METADATA_URL")
     parser.add_argument("--ttl", type=int, default=10, help="liveness lease seconds (default 10)")
+    parser.add_argument("--train", action="store_true", help="run the recipe's `run` under the elastic launcher")
+    parser.add_argument("--checkpoint-root", type=Path, help="shared storage for checkpoints (default: cwd)")
+    parser.add_argument("--leave-margin", type=float, default=DEFAULT_LEAVE_MARGIN_S,
+                        help="seconds before a preemption deadline to checkpoint and leave")
     args = parser.parse_args(argv)
     log.setup(1)  # the agent's log file is for people debugging a VM: keep INFO lines
+    config = AgentConfig(args.cluster, args.node, args.etcd, args.ttl, args.notice_protocol, args.metadata_url,
+                         args.train, args.checkpoint_root, leave_margin_s=args.leave_margin)
     try:
-        run_agent(AgentConfig(args.cluster, args.node, args.etcd, args.ttl, args.notice_protocol, args.metadata_url))
+        run_agent(config)
     except SpotrunError as exc:
         sys.stderr.write(f"spotrun-agent: error: {exc}\n")
         return exc.exit_code

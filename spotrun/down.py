@@ -36,8 +36,11 @@ def down(cluster: str, *, purge: bool = False) -> DownResult:
     """Terminate every VM labelled with `cluster`, drop its live etcd state (all of it with
     `purge`), forget it locally, and stop the embedded etcd when no cluster is left.
     Raises NotFoundError for a cluster this machine does not know."""
+    from spotrun.controller import stop_daemon
+
     record = clusterfile.load(cluster)
     result = DownResult(cluster)
+    stop_daemon(cluster)  # first, or it would replace the VMs we terminate
     recipe = record.recipe()
     for provider in providers_of(recipe):
         ids = [inst.id for inst in provider.instances(cluster) if not inst.state.is_gone]

@@ -45,7 +45,7 @@ def up(recipe_path: Path, *, train: bool = True, ssh_timeouts: SshTimeouts = Ssh
     record = ClusterFile(recipe.name, recipe.to_json(), endpoints, embedded, train)
     record.save()
     try:
-        return _reconcile(recipe, record, store, ssh_timeouts, reporter_factory)
+        result = _reconcile(recipe, record, store, ssh_timeouts, reporter_factory)
     except SpotrunError:
         if new_cluster and not store.list_alive(recipe.name):
             _log.warning("first up failed; removing the half-built cluster", extra=log.kv(cluster=recipe.name))
@@ -56,6 +56,10 @@ def up(recipe_path: Path, *, train: bool = True, ssh_timeouts: SshTimeouts = Ssh
         raise
     finally:
         store.close()
+    from spotrun.controller import start_daemon
+
+    start_daemon(recipe.name)  # from here on it keeps the cluster at its target
+    return result
 
 
 def _reconcile(recipe: Recipe, record: ClusterFile, store: Store, ssh_timeouts: SshTimeouts,

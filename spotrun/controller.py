@@ -1,0 +1,287 @@
+"""The controller: a level-triggered reconcile loop per cluster (`python -m spotrun.controller`).
+
+Each pass observes (the providers' instances, etcd's nodes, leases, notices, ledger, launch
+intents), asks the pure `plan()` what to do, and applies it. Passes run on every etcd change of
+the cluster and at least every RESYNC_S (preemptions show up at the provider, not in etcd).
+All state lives in etcd and at the provider, so the process can be killed at any moment:
+a restarted controller re-reads everything, resumes unfinished launches by their idempotency
+key, and a transient error (etcd or a provider call failing) skips the pass instead of acting
+on half an observation: healthy nodes are never torn down for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from spotrun import clusterfile, log
+from spotrun.costs import close_open, summarize
+from spotrun.errors import CapacityError, SpotrunError
+from spotrun.paths import cluster_dir
+from spotrun.placement import placements, providers_of
+from spotrun.plan import (Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster, Terminate,
+                          plan)
+from spotrun.provisioning import Provisioner, cluster_lock
+from spotrun.agent import LEFT_REASON
+from spotrun.records import NodeState
+from spotrun.store import Store, key
+
+_log = log.get("controller")
+
+RESYNC_S = 2.0
+MIN_PASS_INTERVAL_S = 0.2
+# Changes to these kinds of key can change the plan; progress and events cannot.
+_PLAN_INPUTS = ("spec", "target", "nodes", "alive", "notices", "launches", "stopped")
+AVOID_ZONE_S = 300.0  # a zone that just preempted a node is tried last for this long
+
+
+class Controller:
+    """Reconciles one cluster; `reconcile_once()` is one pass, `run(stop)` loops."""
+
+    def __init__(self, cluster: str, store: Store, *, provisioner: Provisioner | None = None) -> None:
+        self.cluster = cluster
+        self.store = store
+        self.record = clusterfile.load(cluster)
+        self.recipe = self.record.recipe()
+        self.provisioner = provisioner or Provisioner(self.recipe, self.record, store,
+                                                      reporter_factory=_LogReporter)
+        self._wake = threading.Event()
+        self._preempted_zones: dict[str, float] = {}
+        self._said: set[str] = set()
+
+    # -- loop -----------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Reconcile until `stop`; wakes on any etcd change of the cluster. Blocks."""
+        prefix = key(self.cluster, "")
+        relevant = tuple(prefix + kind for kind in _PLAN_INPUTS)
+        watch = self.store.watch_cluster(
+            self.cluster, lambda event: self._wake.set() if event.key.startswith(relevant) else None)
+        self.event_once("controller", f"controller started (pid {os.getpid()})")
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                try:
+                    self.reconcile_once()
+                except SpotrunError as exc:
+                    _log.warning("pass skipped", extra=log.kv(error=exc))
+                stop.wait(MIN_PASS_INTERVAL_S)  # a burst of changes becomes one pass
+                self._wake.wait(RESYNC_S)
+        finally:
+            watch.cancel()
+
+    def reconcile_once(self) -> list:
+        """Observe, plan, act; returns the actions taken."""
+        with cluster_lock(self.cluster):
+            desired, observed, instances = self._observe()
+            actions = plan(desired, observed)
+            for action in actions:
+                self._apply(action, instances)
+        return actions
+
+    # -- observe --------------------------------------------------------------------------------
+    def _observe(self):
+        spec = self.store.get_spec(self.cluster)
+        target = self.store.get_target(self.cluster)
+        instances = {i.id: i for i in self.provisioner.instances()}
+        records = {n.id: n for n in self.store.list_nodes(self.cluster)}
+        alive = self.store.list_alive(self.cluster)
+        notices = {n.node: n for n in self.store.list_notices(self.cluster)}
+        ledger = self.store.list_ledger(self.cluster)
+        intents = self.provisioner.pending_intents()
+        recipe = self.recipe if spec is None else type(self.recipe).model_validate(spec[0])
+        budget = recipe.budget
+        desired = Desired(target=recipe.nodes.target if target is None else target, min=recipe.nodes.min,
+                          max=recipe.nodes.max, max_per_hour=budget.max_per_hour if budget else None,
+                          max_total=budget.max_total if budget else None, launch_price=self._launch_price())
+        views = [self._view(inst, records.get(inst.id), inst.id in alive, notices.get(inst.id), ledger.get(inst.id))
+                 for inst in instances.values() if not self._finished(inst, records.get(inst.id), ledger.get(inst.id))]
+        spent = summarize([s for segs in ledger.values() for s in segs]).total
+        pending = (intents[0].key, intents[0].count) if intents else None
+        observed = Observed(views, spent_total=spent, pending_launch=pending,
+                            stopped=self.store.get(key(self.cluster, "stopped")) is not None, now=time.time())
+        return desired, observed, instances
+
+    @staticmethod
+    def _finished(inst, record, segments) -> bool:
+        """Gone, recorded as gone, and billed to the end: nothing left to do about it."""
+        closed = not segments or all(s.end is not None for s in segments)
+        return inst.state.is_gone and closed and record is not None and record.state in (
+            NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED)
+
+    @staticmethod
+    def _view(inst, record, alive: bool, notice, segments) -> NodeView:
+        state = record.state if record else None
+        reason = record.reason if record else ""
+        return NodeView(
+            id=inst.id, price_per_hour=inst.price_per_hour, gone=inst.state.is_gone, alive=alive,
+            noticed=notice is not None, notice_deadline=notice.deadline if notice else None,
+            leaving=state == NodeState.LEAVING, left=state == NodeState.LEAVING and reason == LEFT_REASON,
+            ledger_open=bool(segments) and any(s.end is None for s in segments),
+            launched_at=inst.launched_at, replaces=(record.extra.get("replaces") if record else None))
+
+    def _launch_price(self) -> float:
+        try:
+            return placements(self.recipe)[0].offer.price
+        except SpotrunError:
+            return 0.0
+
+    # -- act ------------------------------------------------------------------------------------
+    def _apply(self, action, instances: dict) -> None:
+        if isinstance(action, Launch):
+            self._launch(action)
+        elif isinstance(action, Drain):
+            from spotrun.scaling import drain
+
+            drain(self.store, self.cluster, action.node, action.reason)
+        elif isinstance(action, Terminate):
+            self._terminate(instances[action.node], action.reason)
+        elif isinstance(action, CloseLedger):
+            self._close(instances[action.node])
+        elif isinstance(action, StopCluster):
+            self.store.put(key(self.cluster, "stopped"), json.dumps({"reason": action.reason, "at": time.time()}))
+            self.store.set_target(self.cluster, 0)
+            self.store.add_event(self.cluster, "budget", f"stopping the cluster: {action.reason}")
+        elif isinstance(action, Blocked):
+            self.event_once("budget", f"launch of {action.wanted} limited to {action.allowed}: {action.reason}")
+
+    def _launch(self, action: Launch) -> None:
+        now = time.time()
+        avoid = frozenset(z for z, at in self._preempted_zones.items() if now - at < AVOID_ZONE_S)
+        try:
+            ids = self.provisioner.launch(action.count, intent_key=action.key, replaces=action.replaces,
+                                          avoid_zones=avoid)
+        except CapacityError as exc:
+            self.event_once("capacity", f"launch of {action.count} failed: {exc}")
+            return
+        todo = [i for i in self.provisioner.live() if i.id in ids]
+        self.provisioner.bootstrap(todo)
+
+    def _terminate(self, inst, reason: str) -> None:
+        provider = next(p for p in providers_of(self.recipe) if p.name == inst.provider)
+        provider.terminate([inst.id])
+        self._end_billing(inst.id)
+        self.provisioner.record_node(inst, NodeState.TERMINATED, reason=reason)
+        self.store.delete_notice(self.cluster, inst.id)
+        self.store.add_event(self.cluster, "terminate", f"{inst.id} terminated: {reason}", inst.id)
+
+    def _close(self, inst) -> None:
+        """The provider reports the VM gone on its own (preemption, failure): stop billing it."""
+        self._end_billing(inst.id)
+        state = {"preempted": NodeState.PREEMPTED, "terminated": NodeState.TERMINATED}.get(inst.state.value,
+                                                                                           NodeState.FAILED)
+        if state == NodeState.PREEMPTED:
+            self._preempted_zones[inst.zone] = time.time()
+        self.provisioner.record_node(inst, state, reason=inst.reason or inst.state.value)
+        self.store.delete_notice(self.cluster, inst.id)
+        self.store.add_event(self.cluster, state.value, f"{inst.id} {state.value}: {inst.reason or 'gone'}", inst.id)
+
+    def _end_billing(self, node: str) -> None:
+        segments = self.store.get_ledger(self.cluster, node)
+        if segments and any(s.end is None for s in segments):
+            self.store.put_ledger(self.cluster, node, close_open(segments, time.time()))
+
+    def event_once(self, kind: str, message: str) -> None:
+        """An event that repeats every pass (budget, capacity) is written once per process."""
+        if message not in self._said:
+            self._said.add(message)
+            self.store.add_event(self.cluster, kind, message)
+
+
+class _LogReporter:
+    """Bootstrap progress for a daemon: log lines instead of bars."""
+
+    def __init__(self, names) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def phase(self, vm: str, phase: str) -> None:
+        _log.info("bootstrap", extra=log.kv(vm=vm, phase=phase))
+
+    def line(self, vm: str, text: str) -> None:
+        _log.info(f"[{vm}] {text}")
+
+    def failed(self, vm: str, error: str) -> None:
+        _log.warning("bootstrap failed", extra=log.kv(vm=vm, error=error))
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+def pid_path(cluster: str) -> Path:
+    return cluster_dir(cluster) / "controller.pid"
+
+
+def running_pid(cluster: str) -> int | None:
+    """The pid of this cluster's controller if one runs (checked against its command line)."""
+    try:
+        pid = int(pid_path(cluster).read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"spotrun.controller" in cmdline and cluster.encode() in cmdline else None
+
+
+def start_daemon(cluster: str) -> int:
+    """Start the controller of `cluster` detached (it outlives spotrun) unless one runs; its pid."""
+    import subprocess
+
+    if (pid := running_pid(cluster)) is not None:
+        return pid
+    log_file = open(cluster_dir(cluster) / "controller.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "spotrun.controller", cluster], stdin=subprocess.DEVNULL,
+                            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log_file.close()
+    pid_path(cluster).write_text(str(proc.pid))
+    threading.Thread(target=proc.wait, daemon=True).start()  # reap it if it dies while we run
+    return proc.pid
+
+
+def stop_daemon(cluster: str, timeout: float = 10.0) -> bool:
+    """SIGTERM the controller and wait for it; False if none ran."""
+    pid = running_pid(cluster)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while running_pid(cluster) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if running_pid(cluster) is not None:
+        os.kill(pid, signal.SIGKILL)
+    pid_path(cluster).unlink(missing_ok=True)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m spotrun.controller CLUSTER`: the daemon `spotrun up` starts."""
+    from spotrun.control_plane import connect_recipe
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m spotrun.controller CLUSTER\n")
+        return 2
+    log.setup(1)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        record = clusterfile.load(args[0])
+        with connect_recipe(record.recipe(), record.endpoints) as store:
+            Controller(args[0], store).run(stop)
+    except SpotrunError as exc:
+        sys.stderr.write(f"spotrun-controller: error: {exc}\n")
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
