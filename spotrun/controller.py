@@ -166,6 +166,7 @@ class Controller:
         provider = next(p for p in providers_of(self.recipe) if p.name == inst.provider)
         provider.terminate([inst.id])
         self._end_billing(inst.id)
+        self._forget_liveness(inst.id)
         self.provisioner.record_node(inst, NodeState.TERMINATED, reason=reason)
         self.store.delete_notice(self.cluster, inst.id)
         self.store.add_event(self.cluster, "terminate", f"{inst.id} terminated: {reason}", inst.id)
@@ -173,6 +174,7 @@ class Controller:
     def _close(self, inst) -> None:
         """The provider reports the VM gone on its own (preemption, failure): stop billing it."""
         self._end_billing(inst.id)
+        self._forget_liveness(inst.id)
         state = {"preempted": NodeState.PREEMPTED, "terminated": NodeState.TERMINATED}.get(inst.state.value,
                                                                                            NodeState.FAILED)
         if state == NodeState.PREEMPTED:
@@ -180,6 +182,10 @@ class Controller:
         self.provisioner.record_node(inst, state, reason=inst.reason or inst.state.value)
         self.store.delete_notice(self.cluster, inst.id)
         self.store.add_event(self.cluster, state.value, f"{inst.id} {state.value}: {inst.reason or 'gone'}", inst.id)
+
+    def _forget_liveness(self, node: str) -> None:
+        """The provider says the VM is gone: its lease would linger until its TTL; drop it now."""
+        self.store.delete(key(self.cluster, "alive", node))
 
     def _end_billing(self, node: str) -> None:
         segments = self.store.get_ledger(self.cluster, node)

@@ -1,0 +1,198 @@
+"""The controller against real local VMs and a real etcd (agents without training, for speed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spotrun import clusterfile
+from spotrun.controller import Controller, running_pid, start_daemon, stop_daemon
+from spotrun.control_plane import connect_recipe
+from spotrun.provisioning import Provisioner
+from spotrun.scaling import set_target
+
+pytestmark = pytest.mark.slow
+
+RECIPE = """\
+name: {name}
+resources:
+  - provider: local
+    instance_type: cpu-small
+    prices: {{spot: 0.10, on_demand: 0.40}}
+nodes: {{min: 1, max: 4, target: {target}}}
+workdir: work
+run: python train.py
+control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
+{extra}
+"""
+
+
+class _Quiet:
+    def __init__(self, names):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def phase(self, vm, phase):
+        pass
+
+    def line(self, vm, text):
+        pass
+
+    def failed(self, vm, error):
+        pass
+
+
+@pytest.fixture
+def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
+    """A fresh $SPOTRUN_HOME and a recipe factory; every cluster made is torn down afterwards."""
+    from spotrun.down import down
+    from spotrun.up import up
+
+    monkeypatch.setenv("SPOTRUN_HOME", str(tmp_path / "home"))
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "train.py").write_text("print('hi')\n")
+    made: list[str] = []
+
+    def make(name: str, target: int = 2, extra: str = "") -> str:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(RECIPE.format(name=name, target=target, endpoint=etcd_server.endpoint, extra=extra))
+        made.append(name)
+        up(path, train=False, reporter_factory=_Quiet)
+        stop_daemon(name)  # tests drive the controller themselves unless they start the daemon
+        return name
+
+    yield make
+    for name in made:
+        if name in clusterfile.names():
+            down(name, purge=True)
+
+
+def _controller(name: str):
+    record = clusterfile.load(name)
+    store = connect_recipe(record.recipe(), record.endpoints)
+    return Controller(name, store, provisioner=Provisioner(record.recipe(), record, store, reporter_factory=_Quiet)), store
+
+
+def _live(store, name: str) -> list:
+    record = clusterfile.load(name)
+    return [i for i in Provisioner(record.recipe(), record, store, reporter_factory=_Quiet).instances()
+            if not i.state.is_gone]
+
+
+def _until(check, timeout: float = 30.0, step: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError("condition not met in time")
+
+
+def test_notice_is_replaced_before_the_node_dies(cluster_env) -> None:
+    from spotrun.node_ops import preempt
+
+    name = cluster_env("mbb", target=2)
+    controller, store = _controller(name)
+    with store:
+        victim = store.list_nodes(name)[0].id
+        deadline = preempt(name, victim, 20.0)  # well above the agent's leave margin (5 s)
+        _until(lambda: store.get_notice(name, victim))
+        controller.reconcile_once()
+        launched_at = time.time()
+        assert launched_at < deadline, "the replacement must start before the noticed VM dies"
+        assert len(store.list_alive(name)) == 3, "replacement bootstrapped while the noticed node still runs"
+        replacement = [n for n in store.list_nodes(name) if n.extra.get("replaces") == victim]
+        assert len(replacement) == 1
+        # Its replacement is alive, so the noticed node is swapped out now, not at its deadline.
+        controller.reconcile_once()
+        _until(lambda: store.get_node(name, victim).reason == "left the training job")
+        controller.reconcile_once()
+        assert store.get_node(name, victim).state.value == "terminated"
+        assert len(_live(store, name)) == 2
+        kinds = [e.kind for e in store.list_events(name)]
+        assert "notice" in kinds and "launch" in kinds and "terminate" in kinds
+
+
+def test_hard_kill_is_replaced_and_ledger_closed(cluster_env) -> None:
+    from spotrun.node_ops import preempt
+
+    name = cluster_env("kill", target=2)
+    controller, store = _controller(name)
+    with store:
+        victim = store.list_nodes(name)[0].id
+        preempt(name, victim, 0)  # no notice: the VM is gone at once
+        controller.reconcile_once()
+        assert store.get_node(name, victim).state.value == "preempted"
+        assert all(s.end is not None for s in store.get_ledger(name, victim))
+        assert len(_live(store, name)) == 2 and len(store.list_alive(name)) == 2
+        assert controller.reconcile_once() == [], "a settled cluster needs nothing"
+
+
+def test_scale_up_and_down_most_expensive_first(cluster_env) -> None:
+    name = cluster_env("scale", target=2)
+    controller, store = _controller(name)
+    with store:
+        set_target(store, name, 4)
+        controller.reconcile_once()
+        assert len(_live(store, name)) == 4
+        set_target(store, name, 1)
+        actions = controller.reconcile_once()
+        assert sum(type(a).__name__ == "Drain" for a in actions) == 3
+        _until(lambda: sum(n.reason == "left the training job" for n in store.list_nodes(name)) == 3)
+        controller.reconcile_once()
+        assert len(_live(store, name)) == 1
+
+
+def test_killed_controller_during_launch_neither_duplicates_nor_leaks(cluster_env, etcd_server) -> None:
+    name = cluster_env("crash", target=1)
+    with connect_recipe(clusterfile.load(name).recipe(), [etcd_server.endpoint]) as store:
+        pid = start_daemon(name)
+        set_target(store, name, 4)
+        # Kill it as soon as its launch intent is recorded (mid-launch).
+        _until(lambda: store.get_prefix(f"/spotrun/{name}/launches/"), timeout=30, step=0.005)
+        os.kill(pid, signal.SIGKILL)
+        _until(lambda: running_pid(name) is None)
+        start_daemon(name)
+        _until(lambda: len(store.list_alive(name)) == 4, timeout=60)
+        time.sleep(3)  # a few more passes: still no extra VM
+        assert len(_live(store, name)) == 4
+        assert store.get_prefix(f"/spotrun/{name}/launches/") == []
+        stop_daemon(name)
+
+
+def test_budget_per_hour_blocks_scale_up_with_an_event(cluster_env) -> None:
+    name = cluster_env("cheap", target=1, extra="budget: {max_per_hour: 0.25}")
+    controller, store = _controller(name)
+    with store:
+        set_target(store, name, 4)
+        controller.reconcile_once()
+        assert len(_live(store, name)) == 2, "0.25 $/h allows two nodes at 0.10 $/h"
+        budget = [e.message for e in store.list_events(name) if e.kind == "budget"]
+        assert budget and "max_per_hour 0.25" in budget[0]
+
+
+def test_budget_total_stops_the_cluster(cluster_env) -> None:
+    name = cluster_env("spent", target=2, extra="budget: {max_total: 0.000001}")
+    controller, store = _controller(name)
+    with store:
+        time.sleep(0.1)  # two nodes at 0.10 $/h pass a micro-dollar quickly
+        controller.reconcile_once()
+        _until(lambda: all(n.reason == "left the training job" for n in store.list_nodes(name)))
+        controller.reconcile_once()
+        assert _live(store, name) == []
+        assert store.get_target(name) == 0
+        assert any(e.kind == "budget" and "stopping" in e.message for e in store.list_events(name))
