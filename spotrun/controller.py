@@ -70,6 +70,9 @@ class Controller:
                     self.reconcile_once()
                 except SpotrunError as exc:
                     _log.warning("pass skipped", extra=log.kv(error=exc))
+                except Exception:  # a bug: keep its traceback in the log, but keep the cluster managed
+                    _log.exception("pass failed")
+                    stop.wait(RESYNC_S)
                 stop.wait(MIN_PASS_INTERVAL_S)  # a burst of changes becomes one pass
                 self._wake.wait(RESYNC_S)
         finally:
@@ -82,6 +85,8 @@ class Controller:
             actions = plan(desired, observed)
             for action in actions:
                 self._apply(action, instances)
+            if not observed.stopped:
+                self._bootstrap_missing()  # VMs that came up without a live agent (crashes, slow boots)
         return actions
 
     # -- observe --------------------------------------------------------------------------------
@@ -102,7 +107,12 @@ class Controller:
         views = [self._view(inst, records.get(inst.id), inst.id in alive, notices.get(inst.id), ledger.get(inst.id))
                  for inst in instances.values() if not self._finished(inst, records.get(inst.id), ledger.get(inst.id))]
         spent = summarize([s for segs in ledger.values() for s in segs]).total
-        pending = (intents[0].key, intents[0].count) if intents else None
+        pending = None
+        if intents:
+            prefix = f"{intents[0].key}-c"  # the provisioner's key per candidate
+            visible = sum(1 for i in instances.values() if not i.state.is_gone
+                          and str(i.labels.get("idempotency_key", "")).startswith(prefix))
+            pending = (intents[0].key, intents[0].count, visible)
         observed = Observed(views, spent_total=spent, pending_launch=pending,
                             stopped=self.store.get(key(self.cluster, "stopped")) is not None, now=time.time())
         return desired, observed, instances
@@ -159,8 +169,13 @@ class Controller:
         except CapacityError as exc:
             self.event_once("capacity", f"launch of {action.count} failed: {exc}")
             return
-        todo = [i for i in self.provisioner.live() if i.id in ids]
-        self.provisioner.bootstrap(todo)
+
+    def _bootstrap_missing(self) -> None:
+        """Bootstrap running VMs whose agent is not alive. One still booting (its launcher died
+        with an earlier controller) is picked up by a later pass once it runs."""
+        alive = self.store.list_alive(self.cluster)
+        self.provisioner.bootstrap([i for i in self.provisioner.live()
+                                    if i.state.value == "running" and i.id not in alive])
 
     def _terminate(self, inst, reason: str) -> None:
         provider = next(p for p in providers_of(self.recipe) if p.name == inst.provider)

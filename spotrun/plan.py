@@ -49,7 +49,8 @@ class NodeView:
 class Observed:
     nodes: list[NodeView]
     spent_total: float = 0.0
-    pending_launch: tuple[str, int] | None = None  # (idempotency key, count) of an unfinished launch
+    # (idempotency key, count, how many of its VMs the provider already shows) of an unfinished launch
+    pending_launch: tuple[str, int, int] | None = None
     stopped: bool = False  # the cluster was stopped (budget); nothing is launched again
     now: float = 0.0
 
@@ -130,9 +131,9 @@ def plan(desired: Desired, observed: Observed) -> list[Action]:
     staying = [n for n in live if _counts(n)]
     gap = desired.target - len(staying)
     if observed.pending_launch is not None:
-        key, count = observed.pending_launch
+        key, count, visible = observed.pending_launch
         out.add(Launch(count, "resume an unfinished launch", key=key))
-        gap -= count
+        gap -= count - visible  # the visible ones are already among `staying`
     if gap > 0:
         _launch(out, desired, live, gap, [n.id for n in live if n.noticed and not _replaced(n, live)])
     elif gap < 0:

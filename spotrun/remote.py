@@ -59,8 +59,11 @@ class HostKeyMismatch(BootstrapError):
 def _pinned_client(target: SshTarget):
     import paramiko
 
-    key_type, _, key_b64 = target.host_key.strip().partition(" ")
-    key = paramiko.PKey.from_type_string(key_type, base64.b64decode(key_b64.split()[0]))
+    parts = target.host_key.split()
+    if len(parts) < 2:
+        raise BootstrapError(f"{target.name}: the provider reported no SSH host key to pin",
+                             hint="the VM may still be booting; spotrun never connects without a pinned key")
+    key = paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1]))
     client = paramiko.SSHClient()
     hostname = target.host if target.port == 22 else f"[{target.host}]:{target.port}"
     client.get_host_keys().add(hostname, key.get_name(), key)

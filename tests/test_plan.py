@@ -82,5 +82,8 @@ def test_budget_total_stops_cluster() -> None:
 
 
 def test_unfinished_launch_is_resumed_with_its_key() -> None:
-    actions = plan(D, Observed(_nodes({}), pending_launch=("k-1", 2)))
+    actions = plan(D, Observed(_nodes({}), pending_launch=("k-1", 2, 0)))
+    assert actions == [Launch(2, "resume an unfinished launch", key="k-1")]
+    # One of its two VMs is already visible (and counted): nothing more is launched, nothing drained.
+    actions = plan(D, Observed(_nodes({}, {}), pending_launch=("k-1", 2, 1)))
     assert actions == [Launch(2, "resume an unfinished launch", key="k-1")]
