@@ -27,6 +27,8 @@ __all__ = ["Instance", "InstanceState", "LaunchSpec", "NoticeProtocol", "Offer",
 _REGISTRY: dict[str, tuple[str, str]] = {
     "local": ("spotrun.providers.local", "LocalProvider"),
     "aws": ("spotrun.providers.aws", "AwsProvider"),
+    "gcp": ("spotrun.providers.gcp", "GcpProvider"),
+    "azure": ("spotrun.providers.azure", "AzureProvider"),
 }
 
 

@@ -1,0 +1,158 @@
+"""Checkpoints on object storage against moto's S3 server on loopback, through libcloud's S3 driver."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("moto.server")
+pytest.importorskip("libcloud")
+torch = pytest.importorskip("torch")
+
+from spotrun.elastic import checkpoint, remote_checkpoint  # noqa: E402
+from spotrun.providers.storage import open_store  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def s3_url() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def env(s3_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    values = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+              "SPOTRUN_S3_ENDPOINT_URL": s3_url}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    return values
+
+
+@pytest.fixture
+def url(env: dict[str, str]) -> str:
+    bucket = f"ckpt-{uuid.uuid4().hex[:10]}"
+    store, _ = open_store(f"s3://{bucket}")
+    store.driver.create_container(bucket)
+    return f"s3://{bucket}/runs/llm"
+
+
+def _save(value):
+    return lambda path: torch.save({"value": value}, path)
+
+
+def _objects(url: str) -> list[str]:
+    store, prefix = open_store(url)
+    return sorted(n[len(prefix) + 1:] for n in store.names(prefix + "/"))
+
+
+def test_round_trip_and_module_choice(url: str) -> None:
+    manifest = remote_checkpoint.write(url, 7, 3, _save(torch.arange(5)), samples_seen=84)
+    assert manifest.step == 7 and manifest.world_size == 3 and manifest.samples_seen == 84
+    assert manifest.path == f"{url}/step-000000007" and manifest.state.startswith("state-")
+    assert remote_checkpoint.verify(manifest.path) == manifest
+    assert torch.equal(remote_checkpoint.load_state(manifest)["value"], torch.arange(5))
+    assert _objects(url) == sorted(["step-000000007/manifest.json", f"step-000000007/{manifest.state}"])
+    assert remote_checkpoint.steps(url) == [7]
+    # The trainer picks the module by the location's scheme; Path() collapsing '//' is tolerated.
+    assert remote_checkpoint.module_for(url) is remote_checkpoint
+    assert remote_checkpoint.module_for(Path(url)) is remote_checkpoint
+    assert remote_checkpoint.module_for("/tmp/ckpt") is checkpoint
+    assert remote_checkpoint.newest_valid(Path(url)).step == 7
+
+
+def test_existing_valid_step_is_kept(url: str) -> None:
+    first = remote_checkpoint.write(url, 5, 2, _save(1))
+    second = remote_checkpoint.write(url, 5, 2, _save(2))
+    assert second.sha256 == first.sha256 and second.state == first.state
+    assert remote_checkpoint.load_state(remote_checkpoint.newest_valid(url))["value"] == 1
+
+
+def test_corrupt_newest_and_partial_upload_fall_back_with_warning(url: str, tmp_path: Path) -> None:
+    remote_checkpoint.write(url, 10, 2, _save(10))
+    newest = remote_checkpoint.write(url, 20, 2, _save(20))
+    store, prefix = open_store(url)
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"garbage")
+    store.put_file(f"{prefix}/step-000000020/{newest.state}", garbage)          # corrupted in place
+    store.put_file(f"{prefix}/step-000000030/state-deadbeef.pt", garbage)       # a writer died before its manifest
+    warnings: list[str] = []
+    found = remote_checkpoint.newest_valid(url, warn=warnings.append)
+    assert found is not None and found.step == 10
+    assert len(warnings) == 2 and "step-000000030" in warnings[0] and "step-000000020" in warnings[1]
+    assert remote_checkpoint.load_state(found)["value"] == 10
+    assert remote_checkpoint.verify(f"{url}/step-000000030") is None
+
+
+def test_manifest_naming_a_missing_state_is_invalid(url: str, tmp_path: Path) -> None:
+    manifest = remote_checkpoint.write(url, 3, 1, _save(3))
+    store, prefix = open_store(url)
+    store.delete(f"{prefix}/step-000000003/{manifest.state}")
+    assert remote_checkpoint.verify(manifest.path) is None
+    assert remote_checkpoint.newest_valid(url, warn=lambda _: None) is None
+
+
+def test_prune_keeps_newest_and_removes_every_object(url: str) -> None:
+    for step in (1, 2, 3, 4):
+        remote_checkpoint.write(url, step, 1, _save(step))
+    assert remote_checkpoint.prune(url, keep=2) == [2, 1]
+    assert remote_checkpoint.steps(url) == [4, 3]
+    assert {name.split("/")[0] for name in _objects(url)} == {"step-000000004", "step-000000003"}
+
+
+WRITER = """
+import sys, torch
+from spotrun.elastic import remote_checkpoint
+m = remote_checkpoint.write(sys.argv[1], 42, 4, lambda p: torch.save({"w": torch.full((3,), 7.0), "step": 42}, p),
+                            samples_seen=4200)
+print(m.path)
+"""
+
+RESUMER = """
+import json, sys
+from spotrun.elastic import remote_checkpoint
+module = remote_checkpoint.module_for(sys.argv[1])
+m = module.newest_valid(sys.argv[1])
+state = module.load_state(m)
+print(json.dumps({"step": m.step, "world_size": m.world_size, "samples_seen": m.samples_seen,
+                  "w": state["w"].tolist()}))
+"""
+
+
+def test_checkpoint_written_by_one_process_is_resumed_by_a_fresh_one(url: str, env: dict[str, str]) -> None:
+    child_env = {**os.environ, **env}
+    wrote = subprocess.run([sys.executable, "-c", WRITER, url], env=child_env, capture_output=True, text=True,
+                           timeout=120)
+    assert wrote.returncode == 0, wrote.stderr
+    resumed = subprocess.run([sys.executable, "-c", RESUMER, url], env=child_env, capture_output=True, text=True,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == {"step": 42, "world_size": 4, "samples_seen": 4200, "w": [7.0, 7.0, 7.0]}
+
+
+def test_missing_bucket_and_bad_scheme_are_one_line(env: dict[str, str]) -> None:
+    from spotrun.errors import ProviderError
+
+    with pytest.raises(ProviderError, match="does not exist"):
+        remote_checkpoint.write("s3://no-such-bucket-spotrun/x", 1, 1, _save(1))
+    with pytest.raises(ProviderError, match="not an object storage URL"):
+        open_store("ftp://host/x")
+    warnings: list[str] = []
+    assert remote_checkpoint.newest_valid("s3://no-such-bucket-spotrun/x", warn=warnings.append) is None
+    assert warnings and "\n" not in warnings[0]
