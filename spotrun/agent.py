@@ -55,6 +55,7 @@ class Agent:
         self._publisher = None
         self._leave_once = threading.Lock()
         self._left = False
+        self._noticed = threading.Event()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -120,7 +121,9 @@ class Agent:
         recipe = Recipe.from_json(json.dumps(found[0]))
         ckpt = recipe.checkpoint
         root = self.config.checkpoint_root or Path.cwd()
-        return TrainSpec(run=recipe.run, nnodes=f"{recipe.nodes.min}:{recipe.nodes.max}", workdir=Path.cwd(),
+        record = self.store.get_node(self.config.cluster, self.config.node)
+        return TrainSpec(local_addr=record.ip if record else None,
+                         run=recipe.run, nnodes=f"{recipe.nodes.min}:{recipe.nodes.max}", workdir=Path.cwd(),
                          env=dict(recipe.env), checkpoint_dir=root / (ckpt.dir if ckpt else "checkpoints"),
                          every_steps=ckpt.every_steps if ckpt else None,
                          every_seconds=ckpt.every_seconds if ckpt else None, keep=ckpt.keep if ckpt else 3)
@@ -143,11 +146,17 @@ class Agent:
         return key(self.config.cluster, "rdzv") + f"/{self.config.cluster}/waiting/"
 
     def _on_waiting(self, event: WatchEvent) -> None:
-        """Another node waits to join: checkpoint at the next step so the group re-forms with it."""
+        """Another node waits to join: checkpoint at the next step so the group re-forms with it.
+        A noticed node leaves in that same re-formation: its replacement swaps in with one
+        membership change instead of two."""
         joiner = event.key.rsplit("/", 1)[-1]
-        if event.kind == "put" and joiner != self.config.node and self._launcher is not None:
-            seq = self._launcher.control.request(f"join:{joiner}")
-            _log.info("join pending; checkpoint requested", extra=log.kv(joiner=joiner, seq=seq))
+        if event.kind != "put" or joiner == self.config.node or self._launcher is None:
+            return
+        if self._noticed.is_set():
+            self._leave(f"swapping with joining node {joiner}")
+            return
+        seq = self._launcher.control.request(f"join:{joiner}")
+        _log.info("join pending; checkpoint requested", extra=log.kv(joiner=joiner, seq=seq))
 
     # -- leaving: notices and drains ------------------------------------------------------------
     def _watch_notice(self) -> None:
@@ -161,6 +170,7 @@ class Agent:
         _log.warning("preemption notice", extra=log.kv(source=notice.source, deadline=notice.deadline))
         record = Notice(node=self.config.node, source=notice.source, deadline=notice.deadline,
                         received_at=notice.received_at)
+        self._noticed.set()
         self._retry(lambda: self.store.put_notice(self.config.cluster, record))
         left = max(0.0, notice.deadline - time.time())
         self._guard(lambda: self._set_state(NodeState.NOTICE, f"{notice.source} preemption notice, {left:.0f} s left"))

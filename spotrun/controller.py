@@ -104,7 +104,9 @@ class Controller:
         desired = Desired(target=recipe.nodes.target if target is None else target, min=recipe.nodes.min,
                           max=recipe.nodes.max, max_per_hour=budget.max_per_hour if budget else None,
                           max_total=budget.max_total if budget else None, launch_price=self._launch_price())
-        views = [self._view(inst, records.get(inst.id), inst.id in alive, notices.get(inst.id), ledger.get(inst.id))
+        ready = self._ready(alive)
+        views = [self._view(inst, records.get(inst.id), inst.id in alive, inst.id in ready, notices.get(inst.id),
+                            ledger.get(inst.id))
                  for inst in instances.values() if not self._finished(inst, records.get(inst.id), ledger.get(inst.id))]
         spent = summarize([s for segs in ledger.values() for s in segs]).total
         pending = None
@@ -124,12 +126,21 @@ class Controller:
         return inst.state.is_gone and closed and record is not None and record.state in (
             NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED)
 
+    def _ready(self, alive: set[str]) -> set[str]:
+        """Nodes that can take over work now: without training, any live agent; with training,
+        one waiting to join the rendezvous or already reporting steps."""
+        if not self.record.train:
+            return alive
+        waiting = key(self.cluster, "rdzv") + f"/{self.cluster}/waiting/"
+        joining = {k[len(waiting):] for k, _, _ in self.store.get_prefix(waiting)}
+        return alive & (joining | {p.node for p in self.store.list_progress(self.cluster)})
+
     @staticmethod
-    def _view(inst, record, alive: bool, notice, segments) -> NodeView:
+    def _view(inst, record, alive: bool, ready: bool, notice, segments) -> NodeView:
         state = record.state if record else None
         reason = record.reason if record else ""
         return NodeView(
-            id=inst.id, price_per_hour=inst.price_per_hour, gone=inst.state.is_gone, alive=alive,
+            id=inst.id, price_per_hour=inst.price_per_hour, gone=inst.state.is_gone, alive=alive, ready=ready,
             noticed=notice is not None, notice_deadline=notice.deadline if notice else None,
             leaving=state == NodeState.LEAVING, left=state == NodeState.LEAVING and reason == LEFT_REASON,
             ledger_open=bool(segments) and any(s.end is None for s in segments),

@@ -36,6 +36,7 @@ class NodeView:
     price_per_hour: float
     gone: bool = False  # the provider says preempted, terminated or failed
     alive: bool = False  # its agent holds a liveness lease
+    ready: bool = False  # it can take over work now (training: waiting to join or training)
     noticed: bool = False  # a preemption notice is recorded
     notice_deadline: float | None = None
     leaving: bool = False  # drain requested or notice acted upon
@@ -158,7 +159,7 @@ def _swap_replaced(out: _Plan, live: list[NodeView]) -> None:
     """A noticed node whose replacement is alive leaves now: one membership change for both."""
     for node in live:
         if node.noticed and not node.leaving and not node.left:
-            if any(other.replaces == node.id and other.alive for other in live):
+            if any(other.replaces == node.id and other.ready for other in live):
                 out.add(Drain(node.id, "drain: replacement ready"))
 
 

@@ -40,6 +40,7 @@ class TrainSpec:
     every_steps: int | None = None
     every_seconds: float | None = None
     keep: int = 3
+    local_addr: str | None = None  # how the other nodes reach this one (rank 0 hosts the store)
 
 
 class ControlFile:
@@ -105,6 +106,8 @@ class Launcher:
                 "--nnodes", self.spec.nnodes, "--run-id", self.cluster]
         for endpoint in self.endpoints:
             argv += ["--etcd", endpoint]
+        if self.spec.local_addr:
+            argv += ["--local-addr", self.spec.local_addr]
         return argv + ["--", *shlex.split(self.spec.run)]
 
     def _env(self) -> dict[str, str]:

@@ -8,7 +8,8 @@ D = Desired(target=3, min=1, max=4)
 
 
 def _nodes(*specs: dict) -> list[NodeView]:
-    return [NodeView(**{"id": f"n{i}", "price_per_hour": 0.1, "alive": True, **spec}) for i, spec in enumerate(specs)]
+    return [NodeView(**{"id": f"n{i}", "price_per_hour": 0.1, "alive": True, "ready": True, **spec})
+            for i, spec in enumerate(specs)]
 
 
 def test_steady_state_does_nothing() -> None:
@@ -36,7 +37,7 @@ def test_ready_replacement_swaps_with_noticed_node() -> None:
 
 
 def test_booting_replacement_does_not_swap_yet() -> None:
-    nodes = _nodes({}, {}, {"noticed": True, "notice_deadline": 100.0}, {"replaces": "n2", "alive": False})
+    nodes = _nodes({}, {}, {"noticed": True, "notice_deadline": 100.0}, {"replaces": "n2", "ready": False})
     assert plan(D, Observed(nodes, now=10.0)) == []
 
 

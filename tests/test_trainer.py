@@ -40,7 +40,7 @@ class Group:
             env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                    "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "SPOTRUN_CHECKPOINT_DIR": str(tmp / "ckpt"),
                    "SPOTRUN_CONTROL_FILE": str(self.controls[rank]), "SPOTRUN_PROGRESS_FILE": str(tmp / f"progress-{rank}.json"),
-                   "SPOTRUN_COLLECTIVE_TIMEOUT": "30", "OMP_NUM_THREADS": "1"}
+                   "SPOTRUN_COLLECTIVE_TIMEOUT_S": "30", "OMP_NUM_THREADS": "1"}
             with open(self.logs[rank], "w") as out:
                 self.procs.append(subprocess.Popen([sys.executable, str(SCRIPT), "--steps", str(steps), "--batch",
                                                     str(BATCH), "--samples", str(SAMPLES)], env=env, stdout=out,

@@ -736,7 +736,7 @@ def create_handler(params: RendezvousParameters) -> SpotrunRendezvousHandler:
     try:
         backend = EtcdRendezvousBackend(etcd, cluster, run_id)
         store = EtcdStore(backend)
-        node = DynamicRendezvousHandler._node_desc_generator.generate(params.local_addr)
+        node = _unique_desc(DynamicRendezvousHandler._node_desc_generator.generate(params.local_addr), node_id)
         holder = _SpotrunStateHolder(backend, settings, node)
         _install_delay_patch()
         return SpotrunRendezvousHandler(
@@ -746,6 +746,17 @@ def create_handler(params: RendezvousParameters) -> SpotrunRendezvousHandler:
     except BaseException:
         etcd.close()
         raise
+
+
+def _unique_desc(desc: Any, node_id: str) -> Any:
+    """torch tells nodes apart by (address, pid, counter). Local VMs share 127.0.0.1 and, each in
+    its own PID namespace, the same launcher pid: without this, three nodes looked like one and
+    each trained alone. The pid field gets a value unique to this node id and handler."""
+    import dataclasses
+    import uuid
+    import zlib
+
+    return dataclasses.replace(desc, pid=zlib.crc32(f"{node_id}/{os.getpid()}/{uuid.uuid4()}".encode()))
 
 
 def handler_creator() -> Callable[[RendezvousParameters], SpotrunRendezvousHandler]:

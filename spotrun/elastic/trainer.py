@@ -20,7 +20,8 @@ What it does for the script:
 
 Configuration comes from arguments or from the environment the node agent sets:
 SPOTRUN_CHECKPOINT_DIR, SPOTRUN_CHECKPOINT_EVERY_STEPS, SPOTRUN_CHECKPOINT_EVERY_SECONDS,
-SPOTRUN_CHECKPOINT_KEEP, SPOTRUN_CONTROL_FILE, SPOTRUN_PROGRESS_FILE, SPOTRUN_COLLECTIVE_TIMEOUT.
+SPOTRUN_CHECKPOINT_KEEP, SPOTRUN_CONTROL_FILE, SPOTRUN_PROGRESS_FILE, SPOTRUN_COLLECTIVE_TIMEOUT_S.
+A checkpoint location may be a directory or an object-storage URL (s3://bucket/prefix).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from spotrun.elastic import checkpoint
+from spotrun.elastic import checkpoint, remote_checkpoint
 
 EXIT_REFORM = 75  # workers exit with this after an agreed checkpoint: "re-form the group", not a failure
 
@@ -65,7 +66,9 @@ class ElasticTrainer:
         self._init_group()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.total_steps, self.global_batch, self.dataset_len, self.seed = total_steps, global_batch, dataset_len, seed
-        self.checkpoint_dir = Path(checkpoint_dir or _env("SPOTRUN_CHECKPOINT_DIR", str, "checkpoints"))
+        location = str(checkpoint_dir or _env("SPOTRUN_CHECKPOINT_DIR", str, "checkpoints"))
+        self._store = remote_checkpoint.module_for(location)  # a directory, or s3://... through libcloud
+        self.checkpoint_dir = location if self._store is remote_checkpoint else Path(location)
         self.every_steps = every_steps or _env("SPOTRUN_CHECKPOINT_EVERY_STEPS", int, None)
         self.every_seconds = every_seconds or _env("SPOTRUN_CHECKPOINT_EVERY_SECONDS", float, None)
         self.keep = keep or _env("SPOTRUN_CHECKPOINT_KEEP", int, 3)
@@ -139,10 +142,10 @@ class ElasticTrainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _resume(self) -> None:
-        manifest = checkpoint.newest_valid(self.checkpoint_dir, warn=_say)
+        manifest = self._store.newest_valid(self.checkpoint_dir, warn=_say)
         if manifest is None:
             return
-        state = checkpoint.load_state(manifest)
+        state = self._store.load_state(manifest)
         self.raw_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.samples_seen = state["step"], state["samples_seen"]
@@ -160,9 +163,9 @@ class ElasticTrainer:
                 "step": self.step, "samples_seen": self.samples_seen, "world_size": self.world_size}
 
     def _write_and_prune(self, state: dict[str, Any]) -> None:
-        manifest = checkpoint.write(self.checkpoint_dir, state["step"], state["world_size"],
-                                    lambda path: torch.save(state, path), state["samples_seen"])
-        checkpoint.prune(self.checkpoint_dir, self.keep)
+        manifest = self._store.write(self.checkpoint_dir, state["step"], state["world_size"],
+                                     lambda path: torch.save(state, path), state["samples_seen"])
+        self._store.prune(self.checkpoint_dir, self.keep)
         self._progress.checkpointed(manifest)
 
     def _save_sync(self, why: str) -> None:
@@ -203,7 +206,7 @@ class ElasticTrainer:
     @staticmethod
     def _init_group() -> None:
         if not dist.is_initialized():
-            timeout = timedelta(seconds=_env("SPOTRUN_COLLECTIVE_TIMEOUT", float, 60.0))
+            timeout = timedelta(seconds=_env("SPOTRUN_COLLECTIVE_TIMEOUT_S", float, 60.0))
             dist.init_process_group("gloo", timeout=timeout)
 
 
