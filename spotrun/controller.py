@@ -87,6 +87,7 @@ class Controller:
                 self._apply(action, instances)
             if not observed.stopped:
                 self._bootstrap_missing()  # VMs that came up without a live agent (crashes, slow boots)
+                self._chaos(instances)
         return actions
 
     # -- observe --------------------------------------------------------------------------------
@@ -170,6 +171,15 @@ class Controller:
             self.store.add_event(self.cluster, "budget", f"stopping the cluster: {action.reason}")
         elif isinstance(action, Blocked):
             self.event_once("budget", f"launch of {action.wanted} limited to {action.allowed}: {action.reason}")
+
+    def _chaos(self, instances: dict) -> None:
+        from spotrun import chaos
+
+        schedule = self.recipe.chaos.preempt if self.recipe.chaos else ()
+        live = [i for i in instances.values() if not i.state.is_gone]
+        providers = {p.name: p for p in providers_of(self.recipe)}
+        for index, entry in chaos.due(self.store, self.cluster, schedule):
+            chaos.fire(self.store, self.cluster, index, entry, live, providers)
 
     def _launch(self, action: Launch) -> None:
         now = time.time()

@@ -26,8 +26,10 @@ def cluster_status(store: Store, cluster: str, now: float | None = None) -> dict
     segments = [s for segs in store.list_ledger(cluster).values() for s in segs]
     spec = store.get_spec(cluster)
     latest = store.latest_checkpoint(cluster)
+    progress = max(store.list_progress(cluster), key=lambda p: (p.step, p.heartbeat_at), default=None)
     return {
         "cluster": cluster,
+        "training": to_dict(progress) if progress else None,
         "target": store.get_target(cluster),
         "spec_version": spec[1] if spec else None,
         "nodes": nodes,
@@ -60,6 +62,15 @@ def render(statuses: list[dict[str, Any]]) -> None:
         console.out.print(
             f"burn {costs['burn_per_hour']:.4f} $/h (on-demand {costs['on_demand_per_hour']:.4f} $/h), "
             f"total {costs['total']:.4f} $, savings {costs['savings_pct']:.1f} %", markup=False)
+        training, latest = status["training"], status["latest_checkpoint"]
+        if training:
+            loss = f", loss {training['loss']:.4f}" if training.get("loss") is not None else ""
+            console.out.print(f"training: step {training['step']} at world size {training['world_size']}, "
+                              f"{training['samples_per_s']:.0f} samples/s{loss}", markup=False)
+        if latest:
+            age = max(0, int(time.time() - latest["written_at"]))
+            console.out.print(f"checkpoint: step {latest['step']}, {latest['bytes'] / 1e6:.1f} MB, {age} s ago",
+                              markup=False)
         for event in status["recent_events"]:
             stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
             console.out.print(f"  {stamp} {event['kind']:<9} {event['message']}", markup=False)

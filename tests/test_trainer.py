@@ -80,7 +80,7 @@ def _batches(groups: list[Group]) -> dict[int, list[int]]:
         for log in group.logs:
             for line in log.read_text().splitlines():
                 if line.startswith("STEP "):
-                    _, step, _, world, _, rank, _, idx = line.split()
+                    _, step, _, world, _, rank, _, _, _, _, _, idx = line.split()
                     seen[(int(step), int(rank))] = [int(i) for i in idx.split(",")]
     by_step: dict[int, list[int]] = {}
     for (step, rank), idx in sorted(seen.items()):

@@ -1,5 +1,6 @@
-"""A tiny ElasticTrainer job for tests: prints `STEP <n> WORLD <w> IDX <i,j,...>` once per step on
-every rank, so a test can check that no step ran twice and no sample was skipped or repeated."""
+"""A tiny ElasticTrainer job for tests: prints `STEP <n> WORLD <w> RANK <r> T <time> LOSS <l> IDX <i,j,...>`
+once per step on every rank, so a test can check that no step ran twice and no sample was skipped
+or repeated, and time what happened when."""
 
 import argparse
 import time
@@ -27,6 +28,7 @@ with ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        print(f"STEP {step} WORLD {t.world_size} RANK {t.rank} IDX {','.join(map(str, idx.tolist()))}", flush=True)
+        print(f"STEP {step} WORLD {t.world_size} RANK {t.rank} T {time.time():.3f} LOSS {loss.item():.5f} "
+              f"IDX {','.join(map(str, idx.tolist()))}", flush=True)
         t.step_done(loss.item())
         time.sleep(args.delay)

@@ -1,0 +1,213 @@
+"""Elastic training across real local VMs: real sshd, real etcd, real torchrun with our rendezvous.
+
+Every rank of the test job prints one `STEP n WORLD w RANK r T t ...` line per completed step, so
+a test sees exactly which steps ran, at which world size, and whether any step ran twice.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from spotrun import clusterfile
+from spotrun.controller import Controller, stop_daemon
+from spotrun.control_plane import connect_recipe
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).parent / "trainer_scripts"
+RECIPE = """\
+name: {name}
+resources:
+  - provider: local
+    instance_type: cpu-small
+    prices: {{spot: 0.10, on_demand: 0.40}}
+nodes: {{min: 1, max: 4, target: {target}}}
+workdir: work
+run: python steps.py --steps {steps} --delay {delay} --samples 500 --batch 24
+env: {{OMP_NUM_THREADS: 1}}
+checkpoint: {{every_steps: 25, keep: 3}}
+control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
+"""
+
+
+class _Quiet:
+    def __init__(self, names):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def phase(self, vm, phase):
+        pass
+
+    def line(self, vm, text):
+        pass
+
+    def failed(self, vm, error):
+        pass
+
+
+class Job:
+    """One training cluster of the test, with helpers to read what its ranks did."""
+
+    def __init__(self, home: Path, name: str, recipe: Path) -> None:
+        self.home, self.name, self.recipe = home, name, recipe
+
+    def up(self, *, controller: bool) -> None:
+        from spotrun.up import up
+
+        up(self.recipe, reporter_factory=_Quiet)
+        if not controller:
+            stop_daemon(self.name)
+
+    def logs(self) -> list[Path]:
+        return sorted((self.home / "local" / "vms").glob("*/home/.spotrun/train.log"))
+
+    def steps(self, rank: int | None = 0) -> list[tuple[float, int, int]]:
+        """(time, step, world) of every completed step of `rank` (None: every rank), in time order."""
+        rows = []
+        for log in self.logs():
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("STEP "):
+                    parts = line.split()
+                    if rank is None or int(parts[5]) == rank:
+                        rows.append((float(parts[7]), int(parts[1]), int(parts[3])))
+        return sorted(rows)
+
+    def losses(self) -> list[float]:
+        return [float(line.split()[9]) for log in self.logs() for line in log.read_text(errors="replace").splitlines()
+                if line.startswith("STEP ") and line.split()[5] == "0"]
+
+    def wait(self, check, timeout: float = 90.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                tail = "\n".join(log.read_text(errors="replace")[-1500:] for log in self.logs())
+                raise AssertionError(f"{what} not reached in {timeout:.0f} s; train logs:\n{tail}")
+            time.sleep(0.2)
+
+    def at_world(self, world: int, after: float = 0.0) -> bool:
+        return any(w == world and t > after for t, _, w in self.steps())
+
+    def finished(self, steps: int) -> bool:
+        return any(s == steps for _, s, _ in self.steps())
+
+    def duplicates(self) -> list[int]:
+        seen = [s for _, s, _ in self.steps()]
+        return sorted({s for s in seen if seen.count(s) > 1})
+
+    def node_of_rank0(self) -> str:
+        newest = max(self.logs(), key=lambda log: max((t for t, *_ in self._rank0(log)), default=0.0))
+        return newest.parent.parent.parent.name
+
+    def _rank0(self, log: Path) -> list[tuple[float, int, int]]:
+        return [(float(p[7]), int(p[1]), int(p[3])) for p in (line.split() for line in log.read_text().splitlines()
+                                                               if line.startswith("STEP ")) if p[5] == "0"]
+
+
+@pytest.fixture
+def job_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
+    from spotrun.down import down
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPOTRUN_HOME", str(home))
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(SCRIPTS / "steps.py", work / "steps.py")
+    jobs: list[Job] = []
+
+    def make(name: str, *, target: int = 3, steps: int = 300, delay: float = 0.03) -> Job:
+        recipe = tmp_path / f"{name}.yaml"
+        recipe.write_text(RECIPE.format(name=name, target=target, steps=steps, delay=delay,
+                                        endpoint=etcd_server.endpoint))
+        job = Job(home, name, recipe)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        if job.name in clusterfile.names():
+            down(job.name, purge=True)
+
+
+def _node_ids(job: Job) -> list[str]:
+    return sorted(p.parent.parent.parent.name for p in job.logs())
+
+
+def test_three_nodes_train_to_the_end_and_loss_falls(job_factory) -> None:
+    job = job_factory("e2e-train", steps=150, delay=0.01)
+    job.up(controller=False)
+    job.wait(lambda: job.finished(150), what="step 150")
+    assert job.at_world(3)
+    assert job.duplicates() == []
+    losses = job.losses()
+    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 / 5, "the loss must fall"
+
+
+@pytest.mark.parametrize("notice", [10.0, 0.0], ids=["notice", "hard-kill"])
+def test_preempted_node_leaves_survivors_training_without_lost_steps(job_factory, notice: float) -> None:
+    from spotrun.node_ops import preempt
+
+    job = job_factory(f"e2e-pre-{int(notice)}", steps=400)
+    job.up(controller=False)  # no replacement: the survivors must go on at world size 2
+    job.wait(lambda: job.at_world(3) and job.steps()[-1][1] > 40, what="training at world 3")
+    victim = next(n for n in _node_ids(job) if n != job.node_of_rank0())
+    preempt(job.name, victim, notice)
+    job.wait(lambda: job.at_world(2), what="world size 2")
+    job.wait(lambda: job.finished(400), timeout=120, what="step 400")
+    assert job.duplicates() == [], "a completed step ran twice"
+    assert [s for _, s, _ in job.steps()] == list(range(1, 401))
+
+
+def test_rank0_node_preempted_job_continues(job_factory) -> None:
+    from spotrun.node_ops import preempt
+
+    job = job_factory("e2e-rank0", steps=300)
+    job.up(controller=False)
+    job.wait(lambda: job.at_world(3) and job.steps()[-1][1] > 40, what="training at world 3")
+    kill_at = time.time()
+    preempt(job.name, job.node_of_rank0(), 0.0)
+    job.wait(lambda: job.at_world(2, after=kill_at), what="world size 2 after losing rank 0")
+    job.wait(lambda: job.finished(300), timeout=120, what="step 300")
+    assert job.duplicates() == []
+
+
+def test_fourth_node_joins_without_lost_steps(job_factory) -> None:
+    from spotrun.scaling import set_target
+
+    job = job_factory("e2e-join", steps=400)
+    job.up(controller=False)
+    job.wait(lambda: job.at_world(3) and job.steps()[-1][1] > 40, what="training at world 3")
+    record = clusterfile.load(job.name)
+    with connect_recipe(record.recipe(), record.endpoints) as store:
+        set_target(store, job.name, 4)
+        Controller(job.name, store).reconcile_once()  # launches and bootstraps the 4th node
+    job.wait(lambda: job.at_world(4), what="world size 4")
+    job.wait(lambda: job.finished(400), timeout=120, what="step 400")
+    assert job.duplicates() == []
+
+
+def test_corrupt_newest_checkpoint_falls_back_and_says_so(job_factory) -> None:
+    from spotrun.down import down
+
+    job = job_factory("e2e-corrupt", target=2, steps=60, delay=0.01)
+    job.up(controller=False)
+    job.wait(lambda: job.finished(60), what="step 60")
+    shared = job.home / "local" / "shared" / job.name / "checkpoints"
+    newest = sorted(shared.glob("step-*"))[-1]
+    assert newest.name == "step-000000060"
+    (newest / "state.pt").write_bytes(b"torn write")
+    down(job.name)  # keeps the shared directory (checkpoints) unless purged
+    job.recipe.write_text(job.recipe.read_text().replace("--steps 60", "--steps 80"))
+    job.up(controller=False)
+    job.wait(lambda: job.finished(80), what="step 80")
+    text = "\n".join(log.read_text(errors="replace") for log in job.logs())
+    assert "step-000000060" in text and "corrupt" in text
+    assert "resumed from step 50" in text
