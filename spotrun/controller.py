@@ -39,6 +39,7 @@ MIN_PASS_INTERVAL_S = 0.2
 # Changes to these kinds of key can change the plan; progress and events cannot.
 _PLAN_INPUTS = ("spec", "target", "nodes", "alive", "notices", "launches", "stopped")
 AVOID_ZONE_S = 300.0  # a zone that just preempted a node is tried last for this long
+PRICE_REFRESH_S = 300.0  # how often live spot prices are re-read into the ledger
 
 
 class Controller:
@@ -52,6 +53,7 @@ class Controller:
         self.provisioner = provisioner or Provisioner(self.recipe, self.record, store,
                                                       reporter_factory=_LogReporter)
         self._wake = threading.Event()
+        self._prices_at = 0.0
         self._preempted_zones: dict[str, float] = {}
         self._said: set[str] = set()
 
@@ -88,6 +90,7 @@ class Controller:
             if not observed.stopped:
                 self._bootstrap_missing()  # VMs that came up without a live agent (crashes, slow boots)
                 self._chaos(instances)
+                self._refresh_prices(instances)
         return actions
 
     # -- observe --------------------------------------------------------------------------------
@@ -171,6 +174,25 @@ class Controller:
             self.store.add_event(self.cluster, "budget", f"stopping the cluster: {action.reason}")
         elif isinstance(action, Blocked):
             self.event_once("budget", f"launch of {action.wanted} limited to {action.allowed}: {action.reason}")
+
+    def _refresh_prices(self, instances: dict) -> None:
+        """Spot prices move: every PRICE_REFRESH_S, re-read offers and reprice open ledger segments."""
+        from spotrun.costs import reprice
+
+        if time.time() - self._prices_at < PRICE_REFRESH_S:
+            return
+        self._prices_at = time.time()
+        offers = {(o.provider, o.zone, o.instance_type, o.spot): o for p in providers_of(self.recipe)
+                  for o in p.offers()}
+        for inst in instances.values():
+            spot = inst.price_per_hour != inst.on_demand_per_hour
+            offer = offers.get((inst.provider, inst.zone, inst.instance_type, spot))
+            segments = self.store.get_ledger(self.cluster, inst.id)
+            if offer is not None and segments:
+                updated = reprice(segments, offer.price, offer.on_demand_price, time.time())
+                if updated != segments:
+                    self.store.put_ledger(self.cluster, inst.id, updated)
+                    self.store.add_event(self.cluster, "price", f"{inst.id}: {offer.price:.4f} $/h from now", inst.id)
 
     def _chaos(self, instances: dict) -> None:
         from spotrun import chaos

@@ -37,6 +37,17 @@ def summarize(segments: list[LedgerSegment], now: float | None = None) -> CostSu
     return CostSummary(burn, burn_od, total, total_od)
 
 
+def reprice(segments: list[LedgerSegment], price_per_hour: float, on_demand_per_hour: float,
+            at: float) -> list[LedgerSegment]:
+    """A price refresh: end the open segment at `at` and open one at the new price. Unchanged
+    prices (or no open segment) leave the ledger as it is."""
+    open_ = [s for s in segments if s.end is None]
+    if not open_ or (open_[-1].price_per_hour, open_[-1].on_demand_per_hour) == (price_per_hour, on_demand_per_hour):
+        return segments
+    node = open_[-1].node
+    return close_open(segments, at) + [LedgerSegment(node, price_per_hour, on_demand_per_hour, at)]
+
+
 def close_open(segments: list[LedgerSegment], end: float) -> list[LedgerSegment]:
     """The same segments with every open one ended at `end` (billing stops)."""
     from dataclasses import replace

@@ -53,12 +53,16 @@ def render(statuses: list[dict[str, Any]]) -> None:
                       title_justify="left")
         for column in ("node", "provider", "zone", "type", "state", "alive", "uptime", "$/h"):
             table.add_column(column, justify="right" if column in ("uptime", "$/h") else "left")
-        for node in status["nodes"]:
+        gone = [n for n in status["nodes"] if n["state"] in _GONE]
+        for node in (n for n in status["nodes"] if n["state"] not in _GONE):
             state = node["state"] + (f" ({_left(node['notice_deadline'])} left)" if node["notice_deadline"] else "")
             table.add_row(node["id"], node["provider"], node["zone"], node["instance_type"], state,
                           "yes" if node["alive"] else "no", _duration(node["uptime_s"]),
                           f"{node['price_per_hour']:.4f}")
         console.out.print(table)
+        if gone:
+            counts = ", ".join(f"{sum(n['state'] == s for n in gone)} {s}" for s in _GONE if any(n["state"] == s for n in gone))
+            console.out.print(f"gone: {counts} (see `spotrun events {status['cluster']}`)", markup=False)
         console.out.print(
             f"burn {costs['burn_per_hour']:.4f} $/h (on-demand {costs['on_demand_per_hour']:.4f} $/h), "
             f"total {costs['total']:.4f} $, savings {costs['savings_pct']:.1f} %", markup=False)
@@ -74,6 +78,9 @@ def render(statuses: list[dict[str, Any]]) -> None:
         for event in status["recent_events"]:
             stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
             console.out.print(f"  {stamp} {event['kind']:<9} {event['message']}", markup=False)
+
+
+_GONE = ("preempted", "terminated", "failed")
 
 
 def _duration(seconds: float | None) -> str:

@@ -65,7 +65,7 @@ def test_quickstart_contents() -> None:
     recipe = load_recipe(REPO / "recipes" / "quickstart.yaml")
     assert recipe.name == "quickstart"
     assert recipe.providers == {"local"}
-    assert (recipe.nodes.min, recipe.nodes.max, recipe.nodes.target) == (2, 4, 3)
+    assert (recipe.nodes.min, recipe.nodes.max, recipe.nodes.target) == (1, 4, 3)
     assert recipe.workdir == (REPO / "recipes" / "quickstart").resolve()
     assert recipe.workdir.is_absolute() and (recipe.workdir / "train.py").is_file()
     assert recipe.checkpoint is not None and recipe.checkpoint.every_steps == 20

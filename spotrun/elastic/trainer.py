@@ -113,6 +113,7 @@ class ElasticTrainer:
         self._progress.report(self.step, self.world_size, self.global_batch, loss)
         if self._agreed_checkpoint_now():
             self._save_sync("agreed")
+            self._control.served()
             dist.barrier()
             _say(f"checkpoint at step {self.step} agreed by all ranks; leaving for re-formation")
             self._exit(EXIT_REFORM)
@@ -220,12 +221,30 @@ def _is_peer_failure(exc: BaseException) -> bool:
 
 
 class _ControlFile:
-    """The node agent's requests: a JSON file whose `seq` grows with each "checkpoint now"."""
+    """The node agent's requests: a JSON file whose `seq` grows with each "checkpoint now".
+
+    The seq last acted upon is kept beside it (`<file>.served`), so a request that arrives while
+    workers start (a node joining during a re-formation) is still honoured by the new workers.
+    """
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._mtime = 0.0
-        self._baseline = self._seq()  # a request older than this worker was already served
+        self._served = path.with_name(path.name + ".served") if path else None
+        self._baseline = self._read_served()
+
+    def _read_served(self) -> int:
+        try:
+            return int(self._served.read_text()) if self._served else 0
+        except (OSError, ValueError):
+            return 0
+
+    def served(self) -> None:
+        """Record that the newest request was acted upon (called before the workers exit)."""
+        if self._served is not None:
+            tmp = self._served.with_name(f".{self._served.name}.{os.getpid()}")
+            tmp.write_text(str(self._seq()))
+            os.replace(tmp, self._served)
 
     def _seq(self) -> int:
         try:
