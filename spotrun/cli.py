@@ -263,6 +263,37 @@ def tui(
     run(cluster)
 
 
+@app.command()
+def simulate(
+    recipe: Annotated[Path, typer.Argument(help="The recipe to plan.", show_default=False)],
+    trace: Annotated[list[str], typer.Option("--trace", help="A trace file (spot-traces JSON) or a generator such as "
+                                             "poisson:nodes=4,hours=48,rate=0.2,seed=1; repeat for several zones.",
+                                             show_default=False)],
+    policy: Annotated[Optional[list[str]], typer.Option("--policy", help="spotrun, relaunch-all, checkpoint-restart, "
+                                                        "on-demand (default: all).")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Steps to train (default: --steps in the recipe's run).")] = None,
+    figures: Annotated[Optional[Path], typer.Option("--figures", help="Bench figures JSON (default: $SPOTRUN_HOME/bench-figures.json).")] = None,
+    notice_s: Annotated[Optional[float], typer.Option("--notice-s", help="Notice lead time for every provider, seconds.")] = None,
+    chart: Annotated[Optional[Path], typer.Option("--chart", help="Also write a chart (.svg) of capacity, world size and progress.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON on stdout.")] = False,
+) -> None:
+    """Before spending a cent: replay spot traces through the controller's own planner and compare
+    spotrun with relaunch-all, checkpoint-restart and on-demand (time, goodput, $, $ per 1000 steps)."""
+    from spotrun import console
+    from spotrun.simulate import POLICIES, render_table, run_simulation, terminal_chart, to_json, write_chart
+    from spotrun.traces import parse_trace_spec
+
+    result = run_simulation(recipe, [parse_trace_spec(spec) for spec in trace], tuple(policy or POLICIES),
+                            steps=steps, figures_file=figures, notice_s=notice_s)
+    if json_out:
+        sys.stdout.write(to_json(result) + "\n")
+    else:
+        console.out.print(render_table(result), markup=False)
+        console.out.print(terminal_chart(result), markup=False)
+    if chart is not None:
+        console.err.print(f"chart written to {write_chart(result, chart)}", markup=False)
+
+
 @etcd_app.command("start")
 def etcd_start() -> None:
     """Start the embedded etcd if it is not running, and print its endpoint."""

@@ -318,7 +318,8 @@ def simulate(recipe: Any, traces: Sequence[Trace], policies: Sequence[str] = POL
         raise SpotrunError(f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}",
                            hint=f"choose from {', '.join(POLICIES)}")
     if not traces:
-        raise SpotrunError("simulate needs at least one trace", hint="a trace file or e.g. poisson:nodes=4,hours=48,rate=0.2")
+        raise SpotrunError("simulate needs at least one trace",
+                           hint="a trace file or e.g. poisson:nodes=4,hours=48,rate=0.2")
     steps = steps if steps is not None else steps_from_run(recipe.run)
     if steps is None or steps < 1:
         raise SpotrunError(f"the number of steps to simulate is unknown for recipe {recipe.name!r}"
@@ -348,7 +349,8 @@ def _zone(recipe: Any, index: int, trace: Trace, notice_s: Mapping[str, float] |
     elif prices is not None:
         spot, on_demand = prices
     else:
-        raise SpotrunError(f"resources[{min(index, len(recipe.resources) - 1)}] of recipe {recipe.name!r} has no prices "
+        raise SpotrunError(f"resources[{min(index, len(recipe.resources) - 1)}] of recipe {recipe.name!r} "
+                           "has no prices "
                            "and none were given", hint="pass --price SPOT:ON_DEMAND ($/h per VM)")
     if isinstance(notice_s, (int, float)):
         lead = float(notice_s)
@@ -821,7 +823,8 @@ def render_table(result: SimulationResult) -> str:
     rows = [head]
     for p in result.policies:
         rows.append((p.policy, _fmt_time(p.time_s), "-" if p.goodput is None else f"{p.goodput:.3f}",
-                     f"{p.total_usd:.2f}" if p.total_usd >= 10 else f"{p.total_usd:.4f}", "-" if p.usd_per_1000_steps is None else f"{p.usd_per_1000_steps:.4f}",
+                     f"{p.total_usd:.2f}" if p.total_usd >= 10 else f"{p.total_usd:.4f}",
+                     "-" if p.usd_per_1000_steps is None else f"{p.usd_per_1000_steps:.4f}",
                      str(p.preemptions_survived), f"{p.steps_lost:.0f}", p.note))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     right = {1, 2, 3, 4, 5, 6}
@@ -901,7 +904,8 @@ def terminal_chart(result: SimulationResult, width: int = 72, height: int = 12) 
     for k, p in enumerate(result.policies):
         alive = [bool(p.samples) and t <= p.samples[-1].t + _EPS for t in times]
         lines.append(f"world {p.policy}".ljust(width_name) + " " + digits(_series(p.samples, "world", times), alive))
-    lines.append("legend: " + ", ".join(f"{_GLYPHS[k % len(_GLYPHS)]} {p.policy}" for k, p in enumerate(result.policies)))
+    lines.append("legend: " + ", ".join(f"{_GLYPHS[k % len(_GLYPHS)]} {p.policy}"
+                                        for k, p in enumerate(result.policies)))
     return "\n".join(lines)
 
 

@@ -40,7 +40,8 @@ class Trace:
     name: str = "trace"
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.gap_seconds, (int, float)) and self.gap_seconds > 0 and math.isfinite(self.gap_seconds)):
+        gap = self.gap_seconds
+        if isinstance(gap, bool) or not (isinstance(gap, (int, float)) and gap > 0 and math.isfinite(gap)):
             raise SpotrunError(f"trace {self.name!r}: gap_seconds must be a positive number, got {self.gap_seconds!r}")
         if not self.data:
             raise SpotrunError(f"trace {self.name!r} has no data", hint="data must list at least one tick")

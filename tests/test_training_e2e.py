@@ -28,7 +28,7 @@ resources:
 nodes: {{min: 1, max: 4, target: {target}}}
 workdir: work
 run: python steps.py --steps {steps} --delay {delay} --samples 500 --batch 24
-env: {{OMP_NUM_THREADS: 1}}
+env: {{OMP_NUM_THREADS: 1, STEPS_LOG_DIR: /run/spotrun/shared/steps}}
 checkpoint: {{every_steps: 25, keep: 3}}
 control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
 """
@@ -68,6 +68,10 @@ class Job:
             stop_daemon(self.name)
 
     def logs(self) -> list[Path]:
+        """Per-node step logs in the cluster's shared directory: they outlive terminated VMs."""
+        return sorted((self.home / "local" / "shared" / self.name / "steps").glob("*.log"))
+
+    def train_logs(self) -> list[Path]:
         return sorted((self.home / "local" / "vms").glob("*/home/.spotrun/train.log"))
 
     def steps(self, rank: int | None = 0) -> list[tuple[float, int, int]]:
@@ -89,7 +93,7 @@ class Job:
         deadline = time.monotonic() + timeout
         while not check():
             if time.monotonic() > deadline:
-                tail = "\n".join(log.read_text(errors="replace")[-1500:] for log in self.logs())
+                tail = "\n".join(log.read_text(errors="replace")[-1500:] for log in self.train_logs())
                 raise AssertionError(f"{what} not reached in {timeout:.0f} s; train logs:\n{tail}")
             time.sleep(0.2)
 
@@ -105,7 +109,7 @@ class Job:
 
     def node_of_rank0(self) -> str:
         newest = max(self.logs(), key=lambda log: max((t for t, *_ in self._rank0(log)), default=0.0))
-        return newest.parent.parent.parent.name
+        return newest.stem
 
     def _rank0(self, log: Path) -> list[tuple[float, int, int]]:
         return [(float(p[7]), int(p[1]), int(p[3])) for p in (line.split() for line in log.read_text().splitlines()
@@ -138,7 +142,7 @@ def job_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
 
 
 def _node_ids(job: Job) -> list[str]:
-    return sorted(p.parent.parent.parent.name for p in job.logs())
+    return sorted(p.stem for p in job.logs())
 
 
 def test_three_nodes_train_to_the_end_and_loss_falls(job_factory) -> None:
@@ -208,6 +212,6 @@ def test_corrupt_newest_checkpoint_falls_back_and_says_so(job_factory) -> None:
     job.recipe.write_text(job.recipe.read_text().replace("--steps 60", "--steps 80"))
     job.up(controller=False)
     job.wait(lambda: job.finished(80), what="step 80")
-    text = "\n".join(log.read_text(errors="replace") for log in job.logs())
+    text = "\n".join(log.read_text(errors="replace") for log in job.train_logs())
     assert "step-000000060" in text and "corrupt" in text
     assert "resumed from step 50" in text

@@ -3,7 +3,9 @@ once per step on every rank, so a test can check that no step ran twice and no s
 or repeated, and time what happened when."""
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -22,13 +24,21 @@ model = nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 x = torch.randn(args.samples, 4, generator=torch.Generator().manual_seed(1))
 y = x.sum(1, keepdim=True)
+steps_log = None
+if os.environ.get("STEPS_LOG_DIR"):
+    Path(os.environ["STEPS_LOG_DIR"]).mkdir(parents=True, exist_ok=True)
+    steps_log = open(Path(os.environ["STEPS_LOG_DIR"]) / f"{os.environ.get('SPOTRUN_NODE_ID', 'node')}.log", "a")
 with ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch, dataset_len=args.samples) as t:
     for step, idx in t.batches():
         loss = ((t.model(x[idx]) - y[idx]) ** 2).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        print(f"STEP {step} WORLD {t.world_size} RANK {t.rank} T {time.time():.3f} LOSS {loss.item():.5f} "
-              f"IDX {','.join(map(str, idx.tolist()))}", flush=True)
+        line = (f"STEP {step} WORLD {t.world_size} RANK {t.rank} T {time.time():.3f} LOSS {loss.item():.5f} "
+                f"IDX {','.join(map(str, idx.tolist()))}")
+        print(line, flush=True)
+        if steps_log is not None:  # survives the VM: tests read every node's steps after it is gone
+            steps_log.write(line + "\n")
+            steps_log.flush()
         t.step_done(loss.item())
         time.sleep(args.delay)

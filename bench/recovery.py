@@ -1,0 +1,603 @@
+"""Recovery: how fast training continues after a notice, a hard kill and a scale-up.
+
+One run does both sides, one after the other, on the quickstart model (bench/_recovery_train.py,
+global rank 0 prints `STEP <n> WORLD <w> T <time>` for every step):
+
+- spotrun: `spotrun up` of 3 local VMs (real sshd VMs, agents, etcd rendezvous, pre-warmed
+  launcher). The controller daemon is stopped while the notice and the kill are measured, so the
+  world really shrinks 3 -> 2 (with it running, a replacement would race the survivors); it is
+  started again to refill the cluster to 3 between cases, and runs for the scale-up.
+- baseline: the same script under plain `torchrun --rdzv-backend=c10d --nnodes=1:4
+  --max-restarts=100`, torch's default settings otherwise, periodic checkpoints only (no
+  emergency save); 3 torchrun agents as host processes in their own sessions. The c10d store
+  lives in the first agent (`is_host=1`; all agents share 127.0.0.1, so it is named rather than
+  inferred from the host name), and that agent is never killed: with it gone plain torchrun
+  cannot recover at all. Refills start one more agent.
+
+Schedule, the same on both sides (victims never hold global rank 0 or the baseline's store):
+  notice   spotrun: `preempt NODE --notice 8`; the clock starts when the noticed agent records
+           its "leaving" event (5 s before the deadline). baseline: SIGTERM to one torchrun agent.
+  refill   back to 3 nodes (spotrun: the controller launches a replacement; baseline: a new agent)
+  hard kill spotrun: `preempt NODE --notice 0` (the whole VM dies); baseline: SIGKILL the agent and
+           its workers. The clock starts at the kill.
+  refill   back to 3 nodes
+  scale up spotrun: `scale 4`, the clock starts at the new agent's "join" event (agent registered);
+           baseline: a 4th agent, the clock starts at its rendezvous join attempt (or its start).
+Each figure = event -> first completed step at the new world size (seconds); steps_lost = steps
+printed more than once on the merged timeline, counted for the case in whose window the repeat
+falls. Baseline waits are bounded (--baseline-timeout); a case that does not recover is reported
+with `"baseline": null` and `baseline_timed_out_s`.
+
+Run as root: .venv/bin/python bench/recovery.py [--only spotrun|baseline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _format import emit  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = "recovery"
+CASES = ("notice", "hard kill", "scale up")
+GOALS = {"notice": 2.0, "hard kill": 5.0, "scale up": 3.0}
+
+RECIPE = """\
+name: {name}
+resources:
+  - provider: local
+    instance_type: cpu-small
+    prices: {{spot: 0.10, on_demand: 0.40}}
+nodes: {{min: 1, max: 4, target: 3}}
+workdir: work
+run: python train.py --delay {delay}
+env: {{OMP_NUM_THREADS: 1}}
+checkpoint: {{dir: checkpoints, every_steps: {every}, keep: 3}}
+control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
+"""
+
+
+# -- the step timeline ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Line:
+    t: float
+    kind: str  # "STEP" or "BOOT"
+    step: int  # BOOT: the resumed step (0 if none)
+    world: int
+    source: str  # which node's log
+    t0: float = 0.0  # BOOT: worker start
+
+
+class Timeline:
+    """STEP/BOOT lines of every log `paths()` names, read incrementally."""
+
+    def __init__(self, paths: Callable[[], dict[str, Path]]) -> None:
+        self._paths = paths
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, bytes] = {}
+        self.lines: list[Line] = []
+
+    def refresh(self) -> None:
+        for source, path in self._paths().items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets.get(path, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            self._offsets[path] = self._offsets.get(path, 0) + len(data)
+            data = self._partial.pop(path, b"") + data
+            *complete, rest = data.split(b"\n")
+            if rest:
+                self._partial[path] = rest
+            for raw in complete:
+                line = _parse(raw.decode(errors="replace"), source)
+                if line is not None:
+                    self.lines.append(line)
+
+    def steps(self) -> list[Line]:
+        return sorted((x for x in self.lines if x.kind == "STEP"), key=lambda x: x.t)
+
+    def first(self, after: float, world: int, kind: str = "STEP") -> Line | None:
+        found = [x for x in self.lines if x.kind == kind and x.t > after and x.world == world]
+        return min(found, key=lambda x: x.t) if found else None
+
+    def wait_first(self, after: float, world: int, timeout: float) -> Line | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.refresh()
+            found = self.first(after, world)
+            if found is not None or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+    def wait_steps(self, world: int, count: int, timeout: float) -> bool:
+        """Until `count` steps at `world` were printed after the last step at another world size."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.refresh()
+            run = 0
+            for x in reversed(self.steps()):
+                if x.world != world:
+                    break
+                run += 1
+            if run >= count:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def rank0_source(self) -> str | None:
+        steps = self.steps()
+        return steps[-1].source if steps else None
+
+
+def _parse(text: str, source: str) -> Line | None:
+    for marker in ("STEP ", "BOOT "):
+        at = text.find(marker)
+        if at >= 0:
+            break
+    else:
+        return None
+    words = text[at:].split()
+    try:
+        if words[0] == "STEP":  # STEP n WORLD w T t
+            return Line(float(words[5]), "STEP", int(words[1]), int(words[3]), source)
+        # BOOT WORLD w T0 t0 T1 t1 RESUMED r
+        resumed = 0 if words[8] == "None" else int(words[8])
+        return Line(float(words[6]), "BOOT", resumed, int(words[2]), source, t0=float(words[4]))
+    except (IndexError, ValueError):
+        return None
+
+
+def steps_lost(timeline: Timeline, windows: list[tuple[str, float]]) -> dict[str, int]:
+    """Repeated step numbers per window; `windows` = (name, start time), sorted by time."""
+    seen: set[int] = set()
+    lost = {name: 0 for name, _ in windows}
+    for line in timeline.steps():
+        if line.step in seen:
+            owner = [name for name, start in windows if start <= line.t]
+            if owner:
+                lost[owner[-1]] += 1
+        seen.add(line.step)
+    return lost
+
+
+def breakdown(timeline: Timeline, event: float, world: int) -> dict[str, float]:
+    """Where the time went: event -> new worker started -> trainer ready (group + resume) -> step."""
+    boot = timeline.first(event, world, "BOOT")
+    step = timeline.first(event, world)
+    if boot is None or step is None or not event <= boot.t0 <= step.t:
+        return {}
+    return {"to_worker_start_s": round(boot.t0 - event, 3), "worker_init_s": round(boot.t - boot.t0, 3),
+            "to_first_step_s": round(step.t - boot.t, 3), "resumed_from": boot.step}
+
+
+@dataclass
+class Side:
+    """One side's figures: case -> seconds (None: did not recover in time) plus context."""
+
+    seconds: dict[str, float | None] = field(default_factory=dict)
+    lost: dict[str, int] = field(default_factory=dict)
+    context: dict[str, dict] = field(default_factory=dict)
+    refills: list[float | None] = field(default_factory=list)
+    error: str | None = None
+
+
+def _workdir(path: Path, data: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).with_name("_recovery_train.py"), path / "train.py")
+    shutil.copy(ROOT / "recipes" / "quickstart" / "train.py", path / "quickstart_model.py")
+    shutil.copy(data, path / "data.pt")
+    return path
+
+
+def _make_data(path: Path, samples: int) -> None:
+    sys.path.insert(0, str(ROOT / "recipes" / "quickstart"))
+    import torch
+    from train import make_data  # the quickstart's generated images
+
+    torch.save(make_data(samples), path)
+
+
+def _until(check, timeout: float, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
+# -- spotrun --------------------------------------------------------------------------------------
+
+
+class _Quiet:
+    def __init__(self, names):
+        self.failures = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def phase(self, vm, phase):
+        pass
+
+    def line(self, vm, text):
+        pass
+
+    def failed(self, vm, error):
+        self.failures[vm] = error
+
+
+def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
+    from spotrun.controller import running_pid, start_daemon, stop_daemon
+    from spotrun.down import down
+    from spotrun.node_ops import preempt
+    from spotrun.scaling import set_target
+    from spotrun.store import connect
+    from spotrun.up import up
+
+    side = Side()
+    home = Path(os.environ["SPOTRUN_HOME"])
+    _workdir(tmp / "work", data)
+    recipe = tmp / "recovery.yaml"
+    recipe.write_text(RECIPE.format(name=CLUSTER, delay=args.delay, every=args.every, endpoint=endpoint))
+    vms = home / "local" / "vms"
+    timeline = Timeline(lambda: {p.parts[-4]: p for p in vms.glob("*/home/.spotrun/train.log")})
+    store = None
+    waiting: dict[str, float] = {}
+    windows: list[tuple[str, float]] = []
+
+    def events(kind: str) -> list:
+        return [e for e in store.list_events(CLUSTER) if e.kind == kind]
+
+    def victim(exclude: set[str]) -> str:
+        timeline.refresh()
+        rank0 = timeline.rank0_source()
+        alive = sorted(store.list_alive(CLUSTER) - exclude - {rank0})
+        return alive[0]
+
+    def stop_controller() -> None:
+        # A daemon started a moment ago may not have exec'd yet: its /proc cmdline is still ours,
+        # running_pid() says None and stop_daemon() stops nothing. Wait until it is recognisable.
+        _until(lambda: running_pid(CLUSTER) is not None, 5.0)
+        stop_daemon(CLUSTER)
+        if running_pid(CLUSTER) is not None:
+            raise RuntimeError("spotrun: the controller daemon did not stop")
+
+    def refill(after: float, known: set[str]) -> None:
+        """Controller on: it replaces the lost node; time its join -> first step at world 3."""
+        start_daemon(CLUSTER)
+        join = _until(lambda: [e for e in events("join") if e.node not in known and e.at > after], 90, 0.1)
+        first = timeline.wait_first(join[0].at, 3, 90) if join else None
+        side.refills.append(round(first.t - join[0].at, 3) if first else None)
+        windows.append(("refill", join[0].at if join else after))
+        known.update(e.node for e in events("join"))
+        timeline.wait_steps(3, 20, 60)
+
+    try:
+        up(recipe, train=True, reporter_factory=_Quiet)
+        stop_controller()
+        store = connect([endpoint])
+        known = set(store.list_alive(CLUSTER))
+        rdzv_waiting = f"/spotrun/{CLUSTER}/rdzv/{CLUSTER}/waiting/"
+
+        def on_waiting(event) -> None:
+            if event.kind == "put":
+                waiting.setdefault(event.key.rsplit("/", 1)[-1], time.time())
+
+        watch = store.watch_prefix(rdzv_waiting, on_waiting)
+        if not timeline.wait_steps(3, args.warm_steps, 180):
+            raise RuntimeError("spotrun: 3 nodes never trained together")
+
+        # notice
+        noticed = victim(set())
+        sent = time.time()
+        deadline = preempt(CLUSTER, noticed, args.notice)
+        leaving = _until(lambda: [e for e in events("leaving") if e.node == noticed], args.notice + 5)
+        start = leaving[0].at if leaving else sent
+        windows.append(("notice", start))
+        first = timeline.wait_first(start, 2, 60)
+        side.seconds["notice"] = round(first.t - start, 3) if first else None
+        side.context["notice"] = {"world_before": 3, "world_after": 2, "notice_s": args.notice,
+                                  "leave_after_notice_s": round(start - sent, 3), "victim_rank0": False,
+                                  **breakdown(timeline, start, 2)}
+        timeline.wait_steps(2, 20, 60)
+        time.sleep(max(0.0, deadline + 1.0 - time.time()))  # the VM dies at its deadline
+        refill(deadline, known)
+
+        # hard kill
+        stop_controller()
+        killed = victim({noticed})
+        start = time.time()
+        preempt(CLUSTER, killed, 0)
+        windows.append(("hard kill", start))
+        first = timeline.wait_first(start, 2, 60)
+        side.seconds["hard kill"] = round(first.t - start, 3) if first else None
+        side.context["hard kill"] = {"world_before": 3, "world_after": 2, "victim_rank0": False,
+                                     **breakdown(timeline, start, 2)}
+        timeline.wait_steps(2, 20, 60)
+        refill(start, known)
+
+        # scale up (the controller stays on)
+        asked = time.time()
+        set_target(store, CLUSTER, 4)
+        join = _until(lambda: [e for e in events("join") if e.node not in known and e.at > asked], 90, 0.1)
+        if join is None:
+            raise RuntimeError("spotrun: no agent joined after scale 4")
+        start = join[0].at
+        windows.append(("scale up", start))
+        first = timeline.wait_first(start, 4, 60)
+        side.seconds["scale up"] = round(first.t - start, 3) if first else None
+        new = join[0].node
+        side.context["scale up"] = {"world_before": 3, "world_after": 4,
+                                    "scale_to_join_s": round(start - asked, 3),
+                                    **({"join_to_rdzv_waiting_s": round(waiting[new] - start, 3)} if new in waiting else {}),
+                                    **breakdown(timeline, start, 4)}
+        timeline.wait_steps(4, 20, 30)
+        watch.cancel()
+        timeline.refresh()
+        side.lost = steps_lost(timeline, windows)
+    except Exception as exc:  # noqa: BLE001 - report, clean up, keep the other side's figures
+        side.error = f"{type(exc).__name__}: {exc}"
+        print(f"spotrun side failed: {side.error}", file=sys.stderr)
+    finally:
+        if store is not None:
+            store.close()
+        if args.keep:  # purge deletes the VM dirs
+            for log in vms.glob("*/home/.spotrun/*.log"):
+                (tmp / "spot-logs" / log.parts[-4]).mkdir(parents=True, exist_ok=True)
+                shutil.copy(log, tmp / "spot-logs" / log.parts[-4] / log.name)
+        try:
+            down(CLUSTER, purge=True)
+        except Exception as exc:  # noqa: BLE001
+            print(f"spotrun down failed: {exc}", file=sys.stderr)
+    return side
+
+
+# -- baseline: plain torchrun ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+class TorchrunNode:
+    """One plain torchrun agent (a "VM"): its own session; output timestamped on arrival."""
+
+    def __init__(self, name: str, work: Path, port: int, host: bool, args, logs: Path) -> None:
+        self.name = name
+        self.log = logs / f"{name}.log"
+        self.joined_at: float | None = None  # its rendezvous join attempt, as torch logs it
+        argv = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=recovery-baseline", "--nnodes=1:4",
+                "--nproc-per-node=1", "--max-restarts=100", f"--rdzv-conf=is_host={int(host)}",
+                "train.py", "--plain", "--delay", str(args.delay)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "SPOTRUN_CHECKPOINT_DIR": str(work / "checkpoints"),
+               "SPOTRUN_CHECKPOINT_EVERY_STEPS": str(args.every), "SPOTRUN_CHECKPOINT_KEEP": "3",
+               "LOGLEVEL": "INFO"}  # torch's elastic log level only: logs the rendezvous join time
+        for k in ("SPOTRUN_CONTROL_FILE", "SPOTRUN_PROGRESS_FILE", "SPOTRUN_COLLECTIVE_TIMEOUT_S"):
+            env.pop(k, None)
+        self.started = time.time()
+        self.proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        with open(self.log, "w") as out:
+            for raw in self.proc.stdout:
+                now = time.time()
+                text = raw.decode(errors="replace").rstrip("\n")
+                if self.joined_at is None and "attempts to join" in text:
+                    self.joined_at = now
+                out.write(f"{now:.6f} {text}\n")
+                out.flush()
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """Everything of this node at once: the agent's session and every worker it started."""
+        pids = [self.proc.pid, *_descendants(self.proc.pid)]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+class BaselineJob:
+    """One plain-torchrun job of 3 agents (b0 hosts the c10d store), its own port and checkpoints."""
+
+    def __init__(self, tmp: Path, data: Path, case: str, args) -> None:
+        tag = case.replace(" ", "-")
+        self.work = _workdir(tmp / f"base-{tag}", data)
+        self.logs = tmp / f"base-logs-{tag}"
+        self.logs.mkdir()
+        self.port, self.args = _free_port(), args
+        self.nodes: dict[str, TorchrunNode] = {}
+        self.timeline = Timeline(lambda: {n: node.log for n, node in self.nodes.items()})
+
+    def start(self, name: str) -> TorchrunNode:
+        self.nodes[name] = TorchrunNode(name, self.work, self.port, name == "b0", self.args, self.logs)
+        return self.nodes[name]
+
+    def start_three(self) -> bool:
+        self.start("b0")
+        time.sleep(1.0)  # the store host first
+        self.start("b1")
+        self.start("b2")
+        return self.timeline.wait_steps(3, self.args.warm_steps, 180)
+
+    def victim(self) -> str:
+        self.timeline.refresh()
+        rank0 = self.timeline.rank0_source()
+        return sorted(n for n in self.nodes if n not in ("b0", rank0))[0]
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.kill()
+
+
+def run_baseline(tmp: Path, data: Path, args) -> Side:
+    """Each case on a fresh 3-node job: plain torchrun does not always survive one event (a stuck
+    re-rendezvous, workers hung in init), so one failure must not take the next cases with it."""
+    side = Side()
+    timeout = args.baseline_timeout
+    for case in CASES:
+        job = BaselineJob(tmp, data, case, args)
+        try:
+            if not job.start_three():
+                raise RuntimeError("3 torchrun nodes never trained together")
+            clock_from = None
+            if case == "notice":  # plain torchrun has no notice handling: SIGTERM when spotrun would leave
+                t = time.time()
+                job.nodes[job.victim()].signal(signal.SIGTERM)
+                world = 2
+            elif case == "hard kill":
+                victim = job.nodes[job.victim()]
+                t = time.time()
+                victim.kill()
+                world = 2
+            else:
+                node = job.start("b3")
+                t, world = node.started, 4
+            first = job.timeline.wait_first(t, world, timeout)
+            if case == "scale up":
+                t = node.joined_at or node.started
+                clock_from = "rendezvous join" if node.joined_at else "agent start"
+                first = job.timeline.first(t, world)
+            if first is None:
+                side.seconds[case] = None
+                side.context[case] = {"baseline_timed_out_s": timeout}
+            else:
+                side.seconds[case] = round(first.t - t, 3)
+                side.context[case] = {**({"clock_from": clock_from,
+                                          "agent_start_to_join_s": round(t - node.started, 3)} if clock_from else {}),
+                                      **breakdown(job.timeline, t, world)}
+                job.timeline.wait_steps(world, 10, 30)
+            job.timeline.refresh()
+            side.lost[case] = steps_lost(job.timeline, [("before", 0.0), (case, t)])[case]
+        except Exception as exc:  # noqa: BLE001
+            side.seconds[case] = None
+            side.context[case] = {"baseline_error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            job.stop()
+    return side
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def report(spot: Side, base: Side) -> None:
+    for case in CASES:
+        ours, theirs = spot.seconds.get(case), base.seconds.get(case)
+        extra: dict = {"steps_lost": spot.lost.get(case), "baseline_steps_lost": base.lost.get(case),
+                       "goal_s": GOALS[case]}
+        extra.update(spot.context.get(case, {}))
+        if ours is not None and theirs is not None and ours > 0:
+            extra["speedup"] = round(theirs / ours, 1)
+        if base.context.get(case):
+            extra["baseline_detail"] = base.context[case]
+        extra["baseline_setup"] = ("plain torchrun c10d, fresh 3-node job; its c10d store host is never the victim "
+                                   "(plain torchrun cannot recover without it)")
+        if ours is None:
+            extra["spotrun_error"] = spot.error or "did not recover in time"
+        if ours is not None:
+            emit("recovery", case, "s", ours, theirs, **extra)
+        else:  # emit() takes a number; keep the same shape with null
+            print(json.dumps({"bench": "recovery", "case": case, "unit": "s", "spotrun": None,
+                              "baseline": theirs, **extra}), flush=True)
+    if spot.refills:
+        emit("recovery", "refill", "s", _mean(spot.refills) or 0.0,
+             note="spotrun only: the controller's replacement joins (2 -> 3) between cases, join event -> "
+                  "first step at world 3; the baseline runs each case on a fresh 3-node job instead",
+             all=spot.refills, steps_lost=spot.lost.get("refill"))
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(known), 3) if known else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("spotrun", "baseline"), help="run one side only")
+    parser.add_argument("--notice", type=float, default=8.0, help="notice seconds for the `notice` case")
+    parser.add_argument("--delay", type=float, default=0.03, help="sleep per training step (s)")
+    parser.add_argument("--every", type=int, default=20, help="periodic checkpoint every N steps (both sides)")
+    parser.add_argument("--warm-steps", type=int, default=40, help="steps at world 3 before the first event")
+    parser.add_argument("--baseline-timeout", type=float, default=120.0, help="max wait per baseline recovery (s)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) and print its path")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench/recovery.py needs root (the local provider's VMs use namespaces)")
+    tmp = Path(tempfile.mkdtemp(prefix="spotrun-bench-recovery-"))
+    try:
+        os.environ["SPOTRUN_HOME"] = str(tmp / "home")
+        data = tmp / "data.pt"
+        _make_data(data, 3000)
+        spot = base = Side()
+        if args.only != "baseline":
+            from spotrun.etcd_server import EtcdProcess
+
+            with EtcdProcess(tmp / "etcd") as etcd:
+                spot = run_spotrun(tmp, data, etcd.endpoint, args)
+        if args.only != "spotrun":
+            base = run_baseline(tmp, data, args)
+        report(spot, base)
+    finally:
+        if args.keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

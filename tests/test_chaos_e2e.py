@@ -1,0 +1,74 @@
+"""The controller keeps a training job at its target through chaos, and through an etcd restart."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from spotrun import clusterfile
+from spotrun.control_plane import connect_recipe
+
+from test_training_e2e import Job, job_factory  # noqa: F401  (the fixture is reused here)
+
+pytestmark = pytest.mark.slow
+
+CHAOS = """
+chaos:
+  preempt:
+    - {at: 4, node: 0, notice: 8}
+    - {at: 14, node: 1, notice: 0}
+    - {at: 22, node: random, notice: 8}
+"""
+
+
+def _provider_view(job: Job):
+    from spotrun.providers.local import LocalProvider
+
+    return LocalProvider(root=job.home / "local").instances(job.name)
+
+
+def test_chaos_run_returns_to_target_and_loses_no_step(job_factory) -> None:
+    job = job_factory("chaos", steps=1000, delay=0.03)
+    job.recipe.write_text(job.recipe.read_text() + CHAOS)
+    job.up(controller=True)
+    job.wait(lambda: job.finished(1000), timeout=180, what="step 1000")
+    assert [s for _, s, _ in job.steps()] == list(range(1, 1001)), "a step was skipped or ran twice"
+    record = clusterfile.load(job.name)
+    with connect_recipe(record.recipe(), record.endpoints) as store:
+        kinds = [e.kind for e in store.list_events(job.name)]
+        assert kinds.count("chaos") == 3
+        assert kinds.count("launch") >= 4, "each preemption got a replacement"  # 1 at up + 3
+        job.wait(lambda: len(store.list_alive(job.name)) == 3, timeout=30, what="target 3 alive")
+    instances = _provider_view(job)
+    live = [i for i in instances if not i.state.is_gone]
+    assert len(live) == 3, "the cluster is back at its target, with no extra VM"
+    assert {i.state.value for i in instances if i.state.is_gone} <= {"preempted", "terminated"}
+    assert len(instances) == 6
+
+
+def test_etcd_restart_during_training_loses_nothing(job_factory, etcd_process, monkeypatch) -> None:
+    from spotrun.node_ops import preempt
+
+    job = job_factory("restart", steps=900, delay=0.03)
+    job.recipe.write_text(job.recipe.read_text().replace(
+        job.recipe.read_text().split('endpoints: ["')[1].split('"')[0], etcd_process.endpoint))
+    job.up(controller=True)
+    job.wait(lambda: job.at_world(3) and job.steps()[-1][1] > 40, what="training at world 3")
+    etcd_process.stop()
+    stopped_at = job.steps()[-1][1]
+    time.sleep(3)
+    assert job.steps()[-1][1] > stopped_at, "training itself does not need etcd"
+    etcd_process.start()
+    record = clusterfile.load(job.name)
+    with connect_recipe(record.recipe(), record.endpoints) as store:
+        job.wait(lambda: len(store.list_alive(job.name)) == 3, timeout=30, what="agents back in etcd")
+        victim = next(i.id for i in _provider_view(job) if not i.state.is_gone)
+        preempt(job.name, victim, 8.0)  # the controller's and agents' watches must work again
+        job.wait(lambda: store.get_notice(job.name, victim) is not None or
+                 any(e.kind == "notice" and e.node == victim for e in store.list_events(job.name)),
+                 timeout=30, what="the notice in etcd")
+        job.wait(lambda: any(e.kind == "launch" and victim in e.message for e in store.list_events(job.name)),
+                 timeout=30, what="a replacement launch")
+    job.wait(lambda: job.finished(900), timeout=180, what="step 900")
+    assert job.duplicates() == []
