@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrun import log
-from spotrun.errors import NotFoundError, ProviderError
+from spotrun.errors import CapacityError, NotFoundError, ProviderError
 from spotrun.paths import spotrun_home
 from spotrun.providers.base import NOTICE_PROTOCOLS, Instance, InstanceState, LaunchSpec, NoticeProtocol, Offer
 from spotrun.providers.local_vm import MODULE, SHARED, VmFiles, VmStartError, log_tail
@@ -59,6 +59,7 @@ class LocalProvider:
     name = "local"
     supports_preempt = True
     supports_purge = True
+    supports_capacity = True  # set_capacity(): a trace replay limits how many VMs a cluster may get
 
     def __init__(self, root: Path | None = None, prices: Mapping[str, Mapping[str, Any]] | None = None,
                  notice_protocol: NoticeProtocol = "aws", *, sshd: str | None = None,
@@ -93,7 +94,12 @@ class LocalProvider:
         self._check_host()
         with self._launch_lock():
             existing = self._ids_with_key(spec.cluster, spec.idempotency_key)
-            new = [self._create(spec) for _ in range(spec.count - len(existing))]
+            wanted = spec.count - len(existing)
+            room = self._room(spec.cluster)
+            if wanted > 0 and room == 0:
+                raise CapacityError(f"local cloud: no capacity for cluster {spec.cluster!r} (trace replay)",
+                                    hint="capacity returns when the trace says so")
+            new = [self._create(spec) for _ in range(min(wanted, room))]
         if new:
             with ThreadPoolExecutor(max_workers=min(len(new), 16)) as pool:
                 failures = [f for f in pool.map(lambda vm_id: self._boot(vm_id, spec), new) if f]
@@ -151,6 +157,24 @@ class LocalProvider:
                 self.terminate([files.root.name])
                 shutil.rmtree(files.root, ignore_errors=True)
         shutil.rmtree(self.root / "shared" / cluster, ignore_errors=True)
+        self.set_capacity(cluster, None)
+
+    def set_capacity(self, cluster: str, nodes: int | None) -> None:
+        """Limit the VMs `cluster` may have running (None: unlimited), as a spot market would."""
+        path = self.root / "capacity" / f"{cluster}.json"
+        if nodes is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, {"nodes": int(nodes)})
+
+    def _room(self, cluster: str) -> int:
+        """How many more VMs `cluster` may start now under its capacity (a large number if unlimited)."""
+        limit = (read_json(self.root / "capacity" / f"{cluster}.json") or {}).get("nodes")
+        if limit is None:
+            return 1 << 30
+        live = sum(1 for i in self.instances(cluster) if not i.state.is_gone and not i.extra.get("notice_deadline"))
+        return max(0, int(limit) - live)
 
     def shared_dir(self, cluster: str) -> Path:
         """The host directory every VM of `cluster` sees at SHARED (it stands in for a bucket);

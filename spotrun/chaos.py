@@ -17,16 +17,54 @@ from spotrun.store import Store, key
 _log = log.get("chaos")
 
 
+def _start(store: Store, cluster: str, now: float) -> float:
+    start_key = key(cluster, "chaos", "start")
+    store.cas(start_key, None, json.dumps({"at": now}))  # first caller sets the clock; later ones keep it
+    return json.loads(store.get(start_key)[0])["at"]
+
+
 def due(store: Store, cluster: str, schedule, now: float | None = None) -> list[tuple[int, object]]:
     """(index, entry) of the schedule entries whose time has come and that did not fire yet."""
     if not schedule:
         return []
     now = time.time() if now is None else now
-    start_key = key(cluster, "chaos", "start")
-    store.cas(start_key, None, json.dumps({"at": now}))  # first caller sets the clock; later ones keep it
-    start = json.loads(store.get(start_key)[0])["at"]
+    start = _start(store, cluster, now)
     return [(i, entry) for i, entry in enumerate(schedule)
             if now >= start + entry.at and store.get(key(cluster, "chaos", f"fired-{i}")) is None]
+
+
+def trace_due(store: Store, cluster: str, events, nodes: int, now: float | None = None) -> list[tuple[int, object, int]]:
+    """(index, replay event, capacity after it) of the trace events due and not yet fired."""
+    if not events:
+        return []
+    now = time.time() if now is None else now
+    start = _start(store, cluster, now)
+    out, capacity = [], nodes
+    for i, event in enumerate(events):
+        capacity += event.count if event.action == "restore" else -event.count
+        if now >= start + event.at_s and store.get(key(cluster, "chaos", f"trace-{i}")) is None:
+            out.append((i, event, capacity))
+    return out
+
+
+def replay(store: Store, cluster: str, index: int, event, capacity: int, live: list, providers: dict) -> list[str]:
+    """Apply one trace event: the local cloud's capacity becomes `capacity`; a drop preempts the
+    newest live VMs (those not already leaving) with the event's notice. Fires once."""
+    store.put(key(cluster, "chaos", f"trace-{index}"), json.dumps({"at": time.time()}))
+    for provider in providers.values():
+        if supports(provider, "capacity"):
+            provider.set_capacity(cluster, capacity)
+    victims: list[str] = []
+    if event.action == "preempt":
+        noticed = {n.node for n in store.list_notices(cluster)}
+        candidates = sorted((i for i in live if i.id not in noticed and supports(providers.get(i.provider), "preempt")),
+                            key=lambda i: (i.launched_at, i.id), reverse=True)
+        for victim in candidates[:event.count]:
+            providers[victim.provider].preempt(victim.id, event.notice_s)
+            victims.append(victim.id)
+    store.add_event(cluster, "chaos", f"trace: capacity {capacity}" +
+                    (f"; preempting {', '.join(victims)} with {event.notice_s:.0f} s notice" if victims else ""))
+    return victims
 
 
 def fire(store: Store, cluster: str, index: int, entry, live: list, providers: dict) -> str | None:

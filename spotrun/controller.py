@@ -54,6 +54,7 @@ class Controller:
                                                       reporter_factory=_LogReporter)
         self._wake = threading.Event()
         self._prices_at = 0.0
+        self._replay: list | None = None
         self._preempted_zones: dict[str, float] = {}
         self._said: set[str] = set()
 
@@ -197,11 +198,25 @@ class Controller:
     def _chaos(self, instances: dict) -> None:
         from spotrun import chaos
 
-        schedule = self.recipe.chaos.preempt if self.recipe.chaos else ()
+        if self.recipe.chaos is None:
+            return
         live = [i for i in instances.values() if not i.state.is_gone]
         providers = {p.name: p for p in providers_of(self.recipe)}
-        for index, entry in chaos.due(self.store, self.cluster, schedule):
+        for index, entry in chaos.due(self.store, self.cluster, self.recipe.chaos.preempt):
             chaos.fire(self.store, self.cluster, index, entry, live, providers)
+        for index, event, capacity in chaos.trace_due(self.store, self.cluster, self._trace_events(),
+                                                      self.recipe.nodes.target):
+            chaos.replay(self.store, self.cluster, index, event, capacity, live, providers)
+
+    def _trace_events(self) -> list:
+        """The recipe's chaos trace as replay events, computed once."""
+        if self._replay is None:
+            from spotrun.traces import load_trace, trace_events
+
+            spec = self.recipe.chaos
+            self._replay = [] if spec.trace is None else trace_events(
+                load_trace(spec.trace), spec.time_scale, self.recipe.nodes.target, notice_s=spec.trace_notice)
+        return self._replay
 
     def _launch(self, action: Launch) -> None:
         now = time.time()

@@ -382,9 +382,20 @@ class Preemption(_Model):
 
 
 class Chaos(_Model):
-    """A preemption schedule for the local provider, to rehearse what spot VMs will do."""
+    """A preemption schedule for the local provider, to rehearse what spot VMs will do: explicit
+    `preempt` entries, and/or a spot `trace` (spot-traces JSON) replayed at `time_scale` (0.01
+    plays a 300 s tick in 3 s): capacity drops preempt the newest VMs with `trace_notice` seconds
+    of warning, and the local cloud refuses launches beyond the trace's capacity."""
 
     preempt: tuple[Preemption, ...] = ()
+    trace: Optional[Path] = None
+    time_scale: PositiveFloat = 1.0
+    trace_notice: NonNegativeFloat = 30.0
+
+    @field_validator("trace", mode="after")
+    @classmethod
+    def _trace_exists(cls, value: Optional[Path], info: ValidationInfo) -> Optional[Path]:
+        return None if value is None else _resolve_path(value, info, want_dir=False, what="chaos.trace")
 
 
 def _cluster_name(value: Any) -> Any:

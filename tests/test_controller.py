@@ -201,3 +201,21 @@ def test_budget_total_stops_the_cluster(cluster_env) -> None:
         assert _live(store, name) == []
         assert store.get_target(name) == 0
         assert any(e.kind == "budget" and "stopping" in e.message for e in store.list_events(name))
+
+
+def test_trace_replay_preempts_and_limits_capacity(cluster_env, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 10}, "data": [3, 1, 1, 3]}))
+    extra = f"chaos: {{trace: {trace}, time_scale: 0.3, trace_notice: 0}}"
+    name = cluster_env("replay", target=3, extra=extra)  # ticks last 3 s: drop to 1 at 3 s, back to 3 at 9 s
+    controller, store = _controller(name)
+    with store:
+        controller.reconcile_once()  # starts the replay clock
+        _until(lambda: controller.reconcile_once() is not None and len(_live(store, name)) == 1, timeout=20)
+        time.sleep(1.0)
+        controller.reconcile_once()
+        assert len(_live(store, name)) == 1, "no capacity: the replacement launch is refused"
+        assert any(e.kind == "capacity" for e in store.list_events(name))
+        _until(lambda: controller.reconcile_once() is not None and len(_live(store, name)) == 3, timeout=30)
+        messages = [e.message for e in store.list_events(name) if e.kind == "chaos"]
+        assert messages[0].startswith("trace: capacity 1; preempting") and messages[1] == "trace: capacity 3"
