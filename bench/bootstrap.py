@@ -17,6 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit  # noqa: E402
 
+from spotrun.bootstrap import QuietReporter  # noqa: E402
+
 RECIPE = """\
 name: bench{count}
 resources:
@@ -31,28 +33,6 @@ control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
 """
 
 
-class _Quiet:
-    """A bootstrap reporter that keeps failures only (the bench prints JSON lines, nothing else)."""
-
-    def __init__(self, names):
-        self.failures = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def phase(self, vm, phase):
-        pass
-
-    def line(self, vm, text):
-        pass
-
-    def failed(self, vm, error):
-        self.failures[vm] = error
-
-
 def _one(count: int, root: Path, endpoint: str) -> float:
     from spotrun.down import down
     from spotrun.up import up
@@ -63,7 +43,7 @@ def _one(count: int, root: Path, endpoint: str) -> float:
     recipe.write_text(RECIPE.format(count=count, endpoint=endpoint))
     start = time.perf_counter()
     try:
-        result = up(recipe, train=False, reporter_factory=_Quiet)
+        result = up(recipe, train=False, reporter_factory=QuietReporter)
         took = time.perf_counter() - start
         assert len(result.nodes) == count, result
         return took

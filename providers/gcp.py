@@ -55,7 +55,7 @@ from spotrun import log
 from spotrun.errors import CapacityError, ProviderError
 from spotrun.paths import spotrun_home
 from spotrun.providers import gcp_api
-from spotrun.providers.base import Instance, InstanceState, LaunchSpec, Offer
+from spotrun.providers.base import Instance, LaunchSpec, Offer
 
 _log = log.get("providers.gcp")
 

@@ -130,7 +130,7 @@ class Agent:
 
     def _on_launcher_exit(self, code: int, leaving: bool) -> bool:
         """Record why the launcher stopped; True when the job is finished for this node."""
-        cluster, node = self.config.cluster, self.config.node
+        node = self.config.node
         if code == 0 and leaving:
             self._guard(lambda: self._set_state(NodeState.LEAVING, LEFT_REASON))
             self._event("leave", f"{node} left the training job")

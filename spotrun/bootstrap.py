@@ -33,6 +33,28 @@ class Reporter(Protocol):
     def failed(self, vm: str, error: str) -> None: ...
 
 
+class QuietReporter:
+    """A Reporter that shows nothing and keeps failures (scripts, benches, tests)."""
+
+    def __init__(self, vms: list[str] | None = None) -> None:
+        self.failures: dict[str, str] = {}
+
+    def __enter__(self) -> "QuietReporter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def phase(self, vm: str, phase: str) -> None:
+        pass
+
+    def line(self, vm: str, text: str) -> None:
+        pass
+
+    def failed(self, vm: str, error: str) -> None:
+        self.failures[vm] = error
+
+
 @dataclass(frozen=True)
 class BootstrapPlan:
     """What every VM of one cluster gets."""

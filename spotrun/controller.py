@@ -11,7 +11,6 @@ on half an observation: healthy nodes are never torn down for it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -222,11 +221,10 @@ class Controller:
         now = time.time()
         avoid = frozenset(z for z, at in self._preempted_zones.items() if now - at < AVOID_ZONE_S)
         try:
-            ids = self.provisioner.launch(action.count, intent_key=action.key, replaces=action.replaces,
-                                          avoid_zones=avoid)
+            self.provisioner.launch(action.count, intent_key=action.key, replaces=action.replaces,
+                                    avoid_zones=avoid)
         except CapacityError as exc:
             self.event_once("capacity", f"launch of {action.count} failed: {exc}")
-            return
 
     def _bootstrap_missing(self) -> None:
         """Bootstrap running VMs whose agent is not alive. One still booting (its launcher died

@@ -48,7 +48,7 @@ import re
 import shlex
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from spotrun.costs import summarize
 from spotrun.errors import SpotrunError

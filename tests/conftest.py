@@ -74,3 +74,21 @@ def spotrun_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     finally:
         if (home / "etcd" / "state.json").exists():
             etcd_mod.stop()
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    """A real moto server (EC2, S3, ...) on a free loopback port, for the module's tests."""
+    import logging
+
+    pytest.importorskip("moto.server")
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()

@@ -9,7 +9,7 @@ import pytest
 from spotrun import clusterfile
 from spotrun.control_plane import connect_recipe
 
-from test_training_e2e import Job, job_factory  # noqa: F401  (the fixture is reused here)
+from test_training_e2e import Job, job_factory  # noqa: F401,F811  (the fixture is reused here)
 
 pytestmark = pytest.mark.slow
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from spotrun import clusterfile
+from spotrun.bootstrap import QuietReporter
 from spotrun.controller import Controller, running_pid, start_daemon, stop_daemon
 from spotrun.control_plane import connect_recipe
 from spotrun.provisioning import Provisioner
@@ -35,26 +33,6 @@ control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
 """
 
 
-class _Quiet:
-    def __init__(self, names):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def phase(self, vm, phase):
-        pass
-
-    def line(self, vm, text):
-        pass
-
-    def failed(self, vm, error):
-        pass
-
-
 @pytest.fixture
 def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
     """A fresh $SPOTRUN_HOME and a recipe factory; every cluster made is torn down afterwards."""
@@ -70,7 +48,7 @@ def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
         path = tmp_path / f"{name}.yaml"
         path.write_text(RECIPE.format(name=name, target=target, endpoint=etcd_server.endpoint, extra=extra))
         made.append(name)
-        up(path, train=False, reporter_factory=_Quiet)
+        up(path, train=False, reporter_factory=QuietReporter)
         stop_daemon(name)  # tests drive the controller themselves unless they start the daemon
         return name
 
@@ -83,12 +61,12 @@ def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
 def _controller(name: str):
     record = clusterfile.load(name)
     store = connect_recipe(record.recipe(), record.endpoints)
-    return Controller(name, store, provisioner=Provisioner(record.recipe(), record, store, reporter_factory=_Quiet)), store
+    return Controller(name, store, provisioner=Provisioner(record.recipe(), record, store, reporter_factory=QuietReporter)), store
 
 
 def _live(store, name: str) -> list:
     record = clusterfile.load(name)
-    return [i for i in Provisioner(record.recipe(), record, store, reporter_factory=_Quiet).instances()
+    return [i for i in Provisioner(record.recipe(), record, store, reporter_factory=QuietReporter).instances()
             if not i.state.is_gone]
 
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,24 +19,10 @@ from spotrun.elastic import checkpoint, remote_checkpoint  # noqa: E402
 from spotrun.providers.storage import open_store  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def s3_url() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def env(s3_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def env(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     values = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
-              "SPOTRUN_S3_ENDPOINT_URL": s3_url}
+              "SPOTRUN_S3_ENDPOINT_URL": moto_url}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)

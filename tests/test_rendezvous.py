@@ -17,7 +17,6 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousGracefulExitError,
     RendezvousStateError,
 )
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
 from spotrun import store as store_mod
 from spotrun.elastic import rendezvous as rdzv

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from spotrun import clusterfile
+from spotrun.bootstrap import QuietReporter
 from spotrun.controller import Controller, stop_daemon
 from spotrun.control_plane import connect_recipe
 
@@ -34,26 +35,6 @@ control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
 """
 
 
-class _Quiet:
-    def __init__(self, names):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def phase(self, vm, phase):
-        pass
-
-    def line(self, vm, text):
-        pass
-
-    def failed(self, vm, error):
-        pass
-
-
 class Job:
     """One training cluster of the test, with helpers to read what its ranks did."""
 
@@ -63,7 +44,7 @@ class Job:
     def up(self, *, controller: bool) -> None:
         from spotrun.up import up
 
-        up(self.recipe, reporter_factory=_Quiet)
+        up(self.recipe, reporter_factory=QuietReporter)
         if not controller:
             stop_daemon(self.name)
 

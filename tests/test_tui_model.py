@@ -6,7 +6,7 @@ import pytest
 
 from spotrun import scaling
 from spotrun.errors import NotFoundError, SpotrunError
-from spotrun.records import CheckpointRecord, LedgerSegment, NodeRecord, NodeState, Notice, Progress, encode
+from spotrun.records import CheckpointRecord, NodeRecord, NodeState, Notice, Progress, encode
 from spotrun.store import WatchEvent, key
 from spotrun.tui.feed import LatestSlot
 from spotrun.tui.model import ClusterState, Snapshot, arrange, fmt_duration, total_steps
