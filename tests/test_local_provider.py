@@ -53,6 +53,18 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+def _sleepers(marker: str) -> list[int]:
+    """Pids of the `sleep <marker>` processes (not the shells that started them)."""
+    found = []
+    for pid in _processes_mentioning(marker):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0"):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 @pytest.fixture()
 def local_vms(tmp_path: Path, vm_roots: list[Path]) -> Iterator[Callable[..., LocalProvider]]:
     """Build LocalProviders on a temp root; teardown terminates and purges every VM and checks
@@ -194,8 +206,9 @@ def test_terminate_kills_every_process_of_the_vm(local_vms, cluster_key) -> None
     with _ssh(inst, pkey) as client:
         # A double fork into a new session, as torchrun workers or daemons do.
         _run(client, f"setsid -f sh -c 'sleep {marker} </dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1")
-    assert _wait_for(lambda: _processes_mentioning(marker), 5)
-    (orphan,) = _processes_mentioning(marker)
+    # Wait for the sleep itself: the session's shells also mention the marker while they exit.
+    assert _wait_for(lambda: len(_sleepers(marker)) == 1, 10)
+    (orphan,) = _sleepers(marker)
     init = inst.extra["init_pid"]
     assert os.readlink(f"/proc/{orphan}/ns/pid") == os.readlink(f"/proc/{init}/ns/pid") != os.readlink("/proc/self/ns/pid")
     assert os.getsid(orphan) != os.getsid(init)
