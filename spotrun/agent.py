@@ -123,6 +123,7 @@ class Agent:
         root = self.config.checkpoint_root or Path.cwd()
         record = self.store.get_node(self.config.cluster, self.config.node)
         return TrainSpec(local_addr=record.ip if record else None,
+                         expected_nodes=self.store.get_target(self.config.cluster) or recipe.nodes.target,
                          run=recipe.run, nnodes=f"{recipe.nodes.min}:{recipe.nodes.max}", workdir=Path.cwd(),
                          env=dict(recipe.env), checkpoint_dir=root / (ckpt.dir if ckpt else "checkpoints"),
                          every_steps=ckpt.every_steps if ckpt else None,

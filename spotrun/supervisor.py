@@ -41,6 +41,7 @@ class TrainSpec:
     every_seconds: float | None = None
     keep: int = 3
     local_addr: str | None = None  # how the other nodes reach this one (rank 0 hosts the store)
+    expected_nodes: int | None = None  # the cluster's target: the first rendezvous round waits for it
 
 
 class ControlFile:
@@ -108,6 +109,8 @@ class Launcher:
             argv += ["--etcd", endpoint]
         if self.spec.local_addr:
             argv += ["--local-addr", self.spec.local_addr]
+        if self.spec.expected_nodes:
+            argv += ["--rdzv-conf", f"expected_nodes={self.spec.expected_nodes}"]
         return argv + ["--", *shlex.split(self.spec.run)]
 
     def _env(self) -> dict[str, str]:

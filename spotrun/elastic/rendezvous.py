@@ -400,8 +400,14 @@ _HOLDER_ATTRS = ("_dirty", "_last_sync_time", "_cache_duration", "_state", "_set
 class _SpotrunStateHolder(_dr._BackendRendezvousStateHolder):
     """torch's state holder with watch-driven caching, lease-based death and an early last call."""
 
-    def __init__(self, backend: EtcdRendezvousBackend, settings: RendezvousSettings, node: Any) -> None:
+    def __init__(self, backend: EtcdRendezvousBackend, settings: RendezvousSettings, node: Any,
+                 expected_nodes: int | None = None, gather_s: float = 15.0) -> None:
         super().__init__(backend, settings, cache_duration=1)
+        # The first round waits (up to gather_s) for the cluster's target size: agents start a few
+        # seconds apart, and a first world of 1 would cost two re-formations right away.
+        self._expected = expected_nodes
+        self._gather = timedelta(seconds=gather_s)
+        self._first_call: datetime | None = None
         self._spotrun_backend = backend
         self._node = node
         self._lock = threading.RLock()
@@ -440,7 +446,21 @@ class _SpotrunStateHolder(_dr._BackendRendezvousStateHolder):
             if node != self._node and repr(node) not in alive:
                 state.last_heartbeats[node] = _EPOCH  # torch's sanitizer drops it as dead
         super()._sanitize()
-        self._end_last_call_early(state, alive)
+        if not self._hold_first_round(state):
+            self._end_last_call_early(state, alive)
+
+    def _hold_first_round(self, state: Any) -> bool:
+        """Keep the first round's last call open until the expected nodes joined or gather_s passed."""
+        if (self._expected is None or state.round != 0 or state.complete or state.closed or state.deadline is None
+                or len(state.participants) >= self._expected):
+            return False
+        self._first_call = self._first_call or datetime.now(timezone.utc)
+        hold_until = self._first_call + self._gather
+        if datetime.now(timezone.utc) >= hold_until:
+            return False
+        if state.deadline < hold_until:
+            state.deadline = hold_until
+        return True
 
     def _end_last_call_early(self, state: Any, alive: frozenset[str]) -> None:
         settings = self._settings
@@ -713,6 +733,8 @@ def create_handler(params: RendezvousParameters) -> SpotrunRendezvousHandler:
     if lease_ttl is None or lease_ttl < 1:
         raise ValueError(f"lease_ttl ({lease_ttl}) must be an integer >= 1")
     coordinated = params.get_as_bool("coordinated_join", True)
+    expected = params.get_as_int("expected_nodes")
+    gather_s = params.get_as_int("gather_timeout", 15)
     keep_alive_interval = params.get_as_int("keep_alive_interval", 5)
     keep_alive_max_attempt = params.get_as_int("keep_alive_max_attempt", 3)
     settings = RendezvousSettings(
@@ -737,7 +759,7 @@ def create_handler(params: RendezvousParameters) -> SpotrunRendezvousHandler:
         backend = EtcdRendezvousBackend(etcd, cluster, run_id)
         store = EtcdStore(backend)
         node = _unique_desc(DynamicRendezvousHandler._node_desc_generator.generate(params.local_addr), node_id)
-        holder = _SpotrunStateHolder(backend, settings, node)
+        holder = _SpotrunStateHolder(backend, settings, node, expected_nodes=expected, gather_s=float(gather_s or 0))
         _install_delay_patch()
         return SpotrunRendezvousHandler(
             node, settings, store, holder, backend,
