@@ -86,6 +86,8 @@ def validate(
 def up(
     recipe: Annotated[Path, typer.Argument(help="The recipe file, e.g. recipes/quickstart.yaml.", show_default=False)],
     train: Annotated[bool, typer.Option("--train/--no-train", help="Start the recipe's `run` on the nodes.")] = True,
+    attach: Annotated[bool, typer.Option("--attach", help="Stay and stream the cluster's events until the job "
+                                         "finishes (Ctrl-C detaches; the cluster keeps running).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
 ) -> None:
     """Launch the recipe's cluster (or reconcile it to its target) and start every node agent.
@@ -105,6 +107,15 @@ def up(
         console.out.print(f"{result.cluster}: {len(result.nodes)} nodes up "
                           f"({len(result.launched)} launched, {len(result.bootstrapped)} bootstrapped); "
                           f"see `spotrun status {result.cluster}`", markup=False)
+    if attach:
+        from spotrun import clusterfile
+        from spotrun.control_plane import connect_recipe
+        from spotrun.status import follow_events
+
+        record = clusterfile.load(result.cluster)
+        with connect_recipe(record.recipe(), record.endpoints) as store:
+            follow_events(store, result.cluster, lambda line: console.out.print(line, markup=False),
+                          until_finished=True)
 
 
 @app.command()
@@ -177,23 +188,25 @@ def logs(
 def events(
     cluster: Annotated[str, typer.Argument(help="The cluster.", show_default=False)],
     since: Annotated[int, typer.Option("--since", help="Only events after this sequence number.")] = 0,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print events as JSON on stdout.")] = False,
 ) -> None:
-    """The cluster's history: launches, joins, notices, failures, scale and down."""
-    import time as _time
-
+    """The cluster's history: launches, joins, notices, leaves, failures, scale, budget and down."""
     from spotrun import console
     from spotrun.control_plane import connect_default
     from spotrun.records import to_dict
+    from spotrun.status import follow_events, format_event
 
     with connect_default() as store:
+        if follow:
+            follow_events(store, cluster, lambda line: console.out.print(line, markup=False), since=since)
+            return
         history = store.list_events(cluster, since=since)
     if json_out:
         console.print_json([to_dict(e) for e in history])
         return
     for event in history:
-        stamp = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(event.at))
-        console.out.print(f"{event.seq:>5} {stamp} {event.kind:<9} {event.message}", markup=False)
+        console.out.print(format_event(event), markup=False)
 
 
 @app.command()
