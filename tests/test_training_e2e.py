@@ -196,3 +196,17 @@ def test_corrupt_newest_checkpoint_falls_back_and_says_so(job_factory) -> None:
     text = "\n".join(log.read_text(errors="replace") for log in job.train_logs())
     assert "step-000000060" in text and "corrupt" in text
     assert "resumed from step 50" in text
+
+
+def test_up_attach_streams_events_until_the_job_finishes(job_factory) -> None:
+    import os
+    import subprocess
+    import sys
+
+    job = job_factory("e2e-attach", target=2, steps=40, delay=0.01)
+    result = subprocess.run([sys.executable, "-m", "spotrun", "up", str(job.recipe), "--attach"], capture_output=True,
+                            text=True, timeout=180, env={**os.environ, "NO_COLOR": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    finished = [line for line in result.stdout.splitlines() if " finished " in line]
+    assert len(finished) == 2 and "training job finished" in finished[-1]
+    assert job.finished(40)
