@@ -21,7 +21,8 @@ Schedule, the same on both sides (victims never hold global rank 0 or the baseli
   hard kill spotrun: `preempt NODE --notice 0` (the whole VM dies); baseline: SIGKILL the agent and
            its workers. The clock starts at the kill.
   refill   back to 3 nodes
-  scale up spotrun: `scale 4`, the clock starts at the new agent's "join" event (agent registered);
+  scale up spotrun: `scale 4`, the clock starts at the new node's "ready" event (its agent is up and
+  its launcher waits in the rendezvous, i.e. the node is ready to train);
            baseline: a 4th agent, the clock starts at its rendezvous join attempt (or its start).
 Each figure = event -> first completed step at the new world size (seconds); steps_lost = steps
 printed more than once on the merged timeline, counted for the case in whose window the repeat
@@ -142,6 +143,18 @@ class Timeline:
             time.sleep(0.1)
         return False
 
+    def wait_mid_interval(self, every: int, timeout: float = 15.0) -> int | None:
+        """Until the newest step is half-way between two periodic checkpoints (the expected loss
+        of a checkpoint-only job is every/2 steps; the phase should not decide it). Its step."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.refresh()
+            steps = self.steps()
+            if steps and every // 2 <= steps[-1].step % every <= every // 2 + 2:
+                return steps[-1].step
+            time.sleep(0.005)
+        return None
+
     def rank0_source(self) -> str | None:
         steps = self.steps()
         return steps[-1].source if steps else None
@@ -184,8 +197,18 @@ def breakdown(timeline: Timeline, event: float, world: int) -> dict[str, float]:
     step = timeline.first(event, world)
     if boot is None or step is None or not event <= boot.t0 <= step.t:
         return {}
-    return {"to_worker_start_s": round(boot.t0 - event, 3), "worker_init_s": round(boot.t - boot.t0, 3),
-            "to_first_step_s": round(step.t - boot.t, 3), "resumed_from": boot.step}
+    out = {"to_worker_start_s": round(boot.t0 - event, 3), "worker_init_s": round(boot.t - boot.t0, 3),
+           "to_first_step_s": round(step.t - boot.t, 3), "resumed_from": boot.step}
+    # Further re-formations at the same size right after (each one a stall): count them and time
+    # the event -> first step of the last one ("steady").
+    boots = sorted((x for x in timeline.lines if x.kind == "BOOT" and x.world == world and event < x.t0 < event + 10),
+                   key=lambda x: x.t)
+    if len(boots) > 1:
+        steady = timeline.first(boots[-1].t, world)
+        out["reformations"] = len(boots)
+        if steady is not None:
+            out["to_steady_s"] = round(steady.t - event, 3)
+    return out
 
 
 @dataclass
@@ -328,12 +351,13 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         # hard kill
         stop_controller()
         killed = victim({noticed})
+        at_step = timeline.wait_mid_interval(args.every)
         start = time.time()
         preempt(CLUSTER, killed, 0)
         windows.append(("hard kill", start))
         first = timeline.wait_first(start, 2, 60)
         side.seconds["hard kill"] = round(first.t - start, 3) if first else None
-        side.context["hard kill"] = {"world_before": 3, "world_after": 2, "victim_rank0": False,
+        side.context["hard kill"] = {"world_before": 3, "world_after": 2, "victim_rank0": False, "event_at_step": at_step,
                                      **breakdown(timeline, start, 2)}
         timeline.wait_steps(2, 20, 60)
         refill(start, known)
@@ -341,9 +365,9 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         # scale up (the controller stays on)
         asked = time.time()
         set_target(store, CLUSTER, 4)
-        join = _until(lambda: [e for e in events("join") if e.node not in known and e.at > asked], 90, 0.1)
+        join = _until(lambda: [e for e in events("ready") if e.node not in known and e.at > asked], 90, 0.1)
         if join is None:
-            raise RuntimeError("spotrun: no agent joined after scale 4")
+            raise RuntimeError("spotrun: no new node became ready after scale 4")
         start = join[0].at
         windows.append(("scale up", start))
         first = timeline.wait_first(start, 4, 60)
@@ -496,6 +520,7 @@ def run_baseline(tmp: Path, data: Path, args) -> Side:
             if not job.start_three():
                 raise RuntimeError("3 torchrun nodes never trained together")
             clock_from = None
+            at_step = job.timeline.wait_mid_interval(args.every)
             if case == "notice":  # plain torchrun has no notice handling: SIGTERM when spotrun would leave
                 t = time.time()
                 job.nodes[job.victim()].signal(signal.SIGTERM)
@@ -518,7 +543,7 @@ def run_baseline(tmp: Path, data: Path, args) -> Side:
                 side.context[case] = {"baseline_timed_out_s": timeout}
             else:
                 side.seconds[case] = round(first.t - t, 3)
-                side.context[case] = {**({"clock_from": clock_from,
+                side.context[case] = {"event_at_step": at_step, **({"clock_from": clock_from,
                                           "agent_start_to_join_s": round(t - node.started, 3)} if clock_from else {}),
                                       **breakdown(job.timeline, t, world)}
                 job.timeline.wait_steps(world, 10, 30)
@@ -545,8 +570,9 @@ def report(spot: Side, base: Side) -> None:
             extra["speedup"] = round(theirs / ours, 1)
         if base.context.get(case):
             extra["baseline_detail"] = base.context[case]
-        extra["baseline_setup"] = ("plain torchrun c10d, fresh 3-node job; its c10d store host is never the victim "
-                                   "(plain torchrun cannot recover without it)")
+        if case in base.seconds:
+            extra["baseline_setup"] = ("plain torchrun c10d, fresh 3-node job; its c10d store host is never the victim "
+                                       "(plain torchrun cannot recover without it)")
         if ours is None:
             extra["spotrun_error"] = spot.error or "did not recover in time"
         if ours is not None:
@@ -573,7 +599,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.03, help="sleep per training step (s)")
     parser.add_argument("--every", type=int, default=20, help="periodic checkpoint every N steps (both sides)")
     parser.add_argument("--warm-steps", type=int, default=40, help="steps at world 3 before the first event")
-    parser.add_argument("--baseline-timeout", type=float, default=120.0, help="max wait per baseline recovery (s)")
+    parser.add_argument("--baseline-timeout", type=float, default=90.0, help="max wait per baseline recovery (s)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) and print its path")
     args = parser.parse_args()
     if os.geteuid() != 0:

@@ -56,6 +56,7 @@ class Agent:
         self._leave_once = threading.Lock()
         self._left = False
         self._noticed = threading.Event()
+        self._ready_said = False
 
     # -- lifecycle ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -151,8 +152,15 @@ class Agent:
         A noticed node leaves in that same re-formation: its replacement swaps in with one
         membership change instead of two."""
         joiner = event.key.rsplit("/", 1)[-1]
-        if event.kind != "put" or joiner == self.config.node or self._launcher is None:
+        if event.kind != "put" or self._launcher is None:
             return
+        if joiner == self.config.node:
+            if not self._ready_said:  # the launcher reached the rendezvous: this node can take work
+                self._ready_said = True
+                self._event("ready", f"{joiner} is in the rendezvous, ready to train")
+            return
+        if self._guarded_get(lambda: self.store.get_progress(self.config.cluster, joiner)) is not None:
+            return  # a member re-joining after a re-formation, not a new node: nothing to admit
         if self._noticed.is_set():
             self._leave(f"swapping with joining node {joiner}")
             return
@@ -218,6 +226,13 @@ class Agent:
                 _log.warning("etcd write failed; retrying", extra=log.kv(attempt=attempt, error=exc))
                 if self.stop.wait(0.5):
                     return
+
+    @staticmethod
+    def _guarded_get(read):
+        try:
+            return read()
+        except ControlPlaneError:
+            return None
 
     @staticmethod
     def _guard(action) -> None:

@@ -320,6 +320,11 @@ def start_daemon(cluster: str) -> int:
     log_file.close()
     pid_path(cluster).write_text(str(proc.pid))
     threading.Thread(target=proc.wait, daemon=True).start()  # reap it if it dies while we run
+    # Until the child has exec'd, its cmdline is ours and running_pid() would not know it:
+    # a stop_daemon() right after would then miss the controller.
+    deadline = time.monotonic() + 10
+    while running_pid(cluster) is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     return proc.pid
 
 
