@@ -56,6 +56,9 @@ def main() -> None:
     parser.add_argument("--counts", default="1,8,32")
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
+    from spotrun.simulate import figures_path, record_figures
+
+    figures = figures_path()  # the user's, before SPOTRUN_HOME points at the temp dir
     with tempfile.TemporaryDirectory(prefix="spotrun-bench-") as tmp:
         os.environ["SPOTRUN_HOME"] = str(Path(tmp) / "home")
         from spotrun.etcd_server import EtcdProcess
@@ -64,6 +67,8 @@ def main() -> None:
         with EtcdProcess(Path(tmp) / "etcd") as etcd:
             times = {count: _one(count, Path(tmp), etcd.endpoint) for count in counts}
     one = times.get(1)
+    if one is not None:  # `spotrun simulate` reads it
+        print(f"figures recorded in {record_figures({'bootstrap_s': round(one, 3)}, figures)}", file=sys.stderr)
     for count, took in times.items():
         extra = {"ratio_to_one": round(took / one, 2), "goal_ratio": 3.0} if one and count != 1 else {}
         emit("bootstrap", str(count), "s", took, one if count != 1 else None, **extra)

@@ -604,6 +604,9 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench/recovery.py needs root (the local provider's VMs use namespaces)")
+    from spotrun.simulate import figures_path, record_figures
+
+    figures = figures_path()  # the user's, before SPOTRUN_HOME points at the temp dir
     tmp = Path(tempfile.mkdtemp(prefix="spotrun-bench-recovery-"))
     try:
         os.environ["SPOTRUN_HOME"] = str(tmp / "home")
@@ -618,6 +621,11 @@ def main() -> None:
         if args.only != "spotrun":
             base = run_baseline(tmp, data, args)
         report(spot, base)
+        measured = {key: spot.seconds.get(case) for key, case in
+                    (("recovery_notice_s", "notice"), ("recovery_hard_kill_s", "hard kill"), ("scale_up_s", "scale up"))}
+        if any(v is not None for v in measured.values()):  # `spotrun simulate` reads these
+            print(f"figures recorded in {record_figures({k: v for k, v in measured.items() if v is not None}, figures)}",
+                  file=sys.stderr)
     finally:
         if args.keep:
             print(f"logs kept in {tmp}", file=sys.stderr)
