@@ -108,12 +108,10 @@ def up(
                           f"({len(result.launched)} launched, {len(result.bootstrapped)} bootstrapped); "
                           f"see `spotrun status {result.cluster}`", markup=False)
     if attach:
-        from spotrun import clusterfile
-        from spotrun.control_plane import connect_recipe
+        from spotrun.control_plane import connect_cluster
         from spotrun.status import follow_events
 
-        record = clusterfile.load(result.cluster)
-        with connect_recipe(record.recipe(), record.endpoints) as store:
+        with connect_cluster(result.cluster) as store:
             follow_events(store, result.cluster, lambda line: console.out.print(line, markup=False),
                           until_finished=True)
 
@@ -125,14 +123,14 @@ def status(
 ) -> None:
     """Clusters, nodes (provider, zone, type, state, uptime, $/h) and costs. Reads etcd only."""
     from spotrun import console, etcd_server
-    from spotrun.control_plane import connect_default
+    from spotrun.control_plane import connect_cluster, connect_default
     from spotrun.errors import NotFoundError
     from spotrun.status import cluster_status, render
 
     if cluster is None and etcd_server.status() is None:
         console.print_json([]) if json_out else console.out.print("no clusters (the embedded etcd is stopped)")
         return
-    with connect_default() as store:
+    with (connect_cluster(cluster) if cluster else connect_default()) as store:
         names = [cluster] if cluster else store.list_clusters()
         if cluster and cluster not in store.list_clusters():
             raise NotFoundError(f"no cluster named {cluster!r} in etcd", hint="see `spotrun status`")
@@ -193,11 +191,11 @@ def events(
 ) -> None:
     """The cluster's history: launches, joins, notices, leaves, failures, scale, budget and down."""
     from spotrun import console
-    from spotrun.control_plane import connect_default
+    from spotrun.control_plane import connect_cluster
     from spotrun.records import to_dict
     from spotrun.status import follow_events, format_event
 
-    with connect_default() as store:
+    with connect_cluster(cluster) as store:
         if follow:
             follow_events(store, cluster, lambda line: console.out.print(line, markup=False), since=since)
             return
@@ -256,10 +254,10 @@ def scale(
 ) -> None:
     """Set the cluster's target size; the controller launches or drains nodes (most expensive first)."""
     from spotrun import console
-    from spotrun.control_plane import connect_default
+    from spotrun.control_plane import connect_cluster
     from spotrun.scaling import set_target
 
-    with connect_default() as store:
+    with connect_cluster(cluster) as store:
         change = set_target(store, cluster, nodes)
     before = "unset" if change.before is None else change.before
     console.out.print(f"{cluster}: target {before} -> {change.after}", markup=False)

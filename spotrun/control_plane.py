@@ -39,6 +39,17 @@ def connect_default() -> "Store":
     return connect([info.endpoint])
 
 
+def connect_cluster(cluster: str) -> "Store":
+    """The control plane of a cluster this machine started (embedded or the recipe's external
+    etcd), else the embedded one. Raises ControlPlaneError if it is unreachable."""
+    from spotrun import clusterfile
+
+    if cluster in clusterfile.names():
+        record = clusterfile.load(cluster)
+        return connect_recipe(record.recipe(), record.endpoints)
+    return connect_default()
+
+
 def _as_url(endpoint: str) -> str:
     return endpoint if "://" in endpoint else f"http://{endpoint}"
 
