@@ -174,12 +174,14 @@ def logs(
     node: Annotated[Optional[str], typer.Argument(help="One node; all when omitted.", show_default=False)] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", help="How many past lines to show.")] = 100,
+    agent: Annotated[bool, typer.Option("--agent", help="The node agent's log instead of the training log.")] = False,
 ) -> None:
-    """Show the node agents' logs, each line prefixed with its node."""
+    """Show the training logs (or the node agents' logs), each line prefixed with its node."""
     from spotrun import console
     from spotrun.node_ops import logs as run_logs
 
-    run_logs(cluster, node, follow, lambda vm, text: console.out.print(f"[{vm}] {text}", markup=False), lines)
+    run_logs(cluster, node, follow, lambda vm, text: console.out.print(f"[{vm}] {text}", markup=False), lines,
+             agent=agent)
 
 
 @app.command()

@@ -12,6 +12,7 @@ from spotrun.providers import supports
 from spotrun.remote import SshTarget, SshTimeouts, connect
 
 AGENT_LOG = "~/.spotrun/agent.log"
+TRAIN_LOG = "~/.spotrun/train.log"  # the launcher's and the training script's output
 
 
 def _find(cluster: str, node: str | None):
@@ -36,10 +37,11 @@ def preempt(cluster: str, node: str, notice_seconds: float) -> float:
 
 
 def logs(cluster: str, node: str | None, follow: bool, emit: Callable[[str, str], None],
-         lines: int = 100) -> None:
-    """Print the agent log of one node or all, prefixed; with `follow`, until interrupted."""
+         lines: int = 100, agent: bool = False) -> None:
+    """Print the training log (or with `agent` the agent's) of one node or all, prefixed;
+    with `follow`, until interrupted."""
     record, found = _find(cluster, node)
-    command = f"tail -n {lines} {'-F ' if follow else ''}{AGENT_LOG} 2>&1"
+    command = f"tail -n {lines} {'-F ' if follow else ''}{AGENT_LOG if agent else TRAIN_LOG} 2>&1"
     timeouts = SshTimeouts(boot=10, command=10**9 if follow else 60)
 
     def one(inst) -> None:

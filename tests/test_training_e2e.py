@@ -210,3 +210,8 @@ def test_up_attach_streams_events_until_the_job_finishes(job_factory) -> None:
     finished = [line for line in result.stdout.splitlines() if " finished " in line]
     assert len(finished) == 2 and "training job finished" in finished[-1]
     assert job.finished(40)
+    logs = subprocess.run([sys.executable, "-m", "spotrun", "logs", job.name, "-n", "200"], capture_output=True,
+                          text=True, timeout=60)
+    assert logs.returncode == 0, logs.stderr
+    prefixed = [line for line in logs.stdout.splitlines() if line.startswith("[e2e-attach-") and " STEP 40 " in line]
+    assert prefixed, logs.stdout[-1500:]
