@@ -168,7 +168,7 @@ class HelpScreen(ModalScreen[None]):
 
 
 class LogScreen(Screen[None]):
-    """Follows one node's agent log (through `spotrun.node_ops.logs`) until closed."""
+    """Follows one node's training log (through `spotrun.node_ops.logs`) until closed."""
 
     BINDINGS = [Binding("escape,q,l", "close", "Close")]
 
