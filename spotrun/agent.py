@@ -126,7 +126,7 @@ class Agent:
         return TrainSpec(local_addr=record.ip if record else None,
                          expected_nodes=self.store.get_target(self.config.cluster) or recipe.nodes.target,
                          run=recipe.run, nnodes=f"{recipe.nodes.min}:{recipe.nodes.max}", workdir=Path.cwd(),
-                         env=dict(recipe.env), checkpoint_dir=root / (ckpt.dir if ckpt else "checkpoints"),
+                         env=dict(recipe.env), checkpoint_dir=_checkpoint_location(root, ckpt.dir if ckpt else None),
                          every_steps=ckpt.every_steps if ckpt else None,
                          every_seconds=ckpt.every_seconds if ckpt else None, keep=ckpt.keep if ckpt else 3)
 
@@ -247,6 +247,12 @@ class Agent:
             id=node, cluster=cluster, provider=os.environ.get("SPOTRUN_PROVIDER", "unknown"), zone="",
             instance_type="", price_per_hour=0.0, on_demand_per_hour=0.0, launched_at=time.time())
         self.store.put_node(dataclasses.replace(current, state=state, reason=reason))
+
+
+def _checkpoint_location(root: Path, directory: str | None):
+    """An object-store URL (s3://...) is used as it is; a plain dir lives under the shared root."""
+    directory = directory or "checkpoints"
+    return directory if "://" in directory else root / directory
 
 
 def run_agent(config: AgentConfig) -> None:

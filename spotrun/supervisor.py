@@ -36,7 +36,7 @@ class TrainSpec:
     nnodes: str  # "MIN:MAX"
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)
-    checkpoint_dir: Path | None = None
+    checkpoint_dir: Path | str | None = None  # a shared directory, or an object-store URL
     every_steps: int | None = None
     every_seconds: float | None = None
     keep: int = 3
