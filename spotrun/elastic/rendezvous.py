@@ -403,11 +403,13 @@ class _SpotrunStateHolder(_dr._BackendRendezvousStateHolder):
     def __init__(self, backend: EtcdRendezvousBackend, settings: RendezvousSettings, node: Any,
                  expected_nodes: int | None = None, gather_s: float = 15.0) -> None:
         super().__init__(backend, settings, cache_duration=1)
-        # The first round waits (up to gather_s) for the cluster's target size: agents start a few
-        # seconds apart, and a first world of 1 would cost two re-formations right away.
+        # A round's last call stays open (up to gather_s) while a node that is alive has not joined
+        # yet, and the first round also for the cluster's target size: on a busy machine restarted
+        # members arrive seconds apart, and a round that closes without them costs another
+        # re-formation (or leaves them waiting) right away. A dead node's lease ends the wait.
         self._expected = expected_nodes
         self._gather = timedelta(seconds=gather_s)
-        self._first_call: datetime | None = None
+        self._opened: dict[int, datetime] = {}
         self._spotrun_backend = backend
         self._node = node
         self._lock = threading.RLock()
@@ -446,17 +448,21 @@ class _SpotrunStateHolder(_dr._BackendRendezvousStateHolder):
             if node != self._node and repr(node) not in alive:
                 state.last_heartbeats[node] = _EPOCH  # torch's sanitizer drops it as dead
         super()._sanitize()
-        if not self._hold_first_round(state):
+        if not self._hold_last_call(state, alive):
             self._end_last_call_early(state, alive)
 
-    def _hold_first_round(self, state: Any) -> bool:
-        """Keep the first round's last call open until the expected nodes joined or gather_s passed."""
-        if (self._expected is None or state.round != 0 or state.complete or state.closed or state.deadline is None
-                or len(state.participants) >= self._expected):
+    def _hold_last_call(self, state: Any, alive: frozenset[str]) -> bool:
+        """Keep the last call open while an alive node is missing (or, in the first round, the
+        expected count is not reached), for at most gather_s after the round's last call opened."""
+        if state.complete or state.closed or state.deadline is None:
             return False
-        self._first_call = self._first_call or datetime.now(timezone.utc)
-        hold_until = self._first_call + self._gather
-        if datetime.now(timezone.utc) >= hold_until:
+        missing = alive - {repr(p) for p in state.participants}
+        short = state.round == 0 and self._expected is not None and len(state.participants) < self._expected
+        if not missing and not short:
+            return False
+        now = datetime.now(timezone.utc)
+        hold_until = self._opened.setdefault(state.round, now) + self._gather
+        if now >= hold_until:
             return False
         if state.deadline < hold_until:
             state.deadline = hold_until
