@@ -51,6 +51,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit  # noqa: E402
+from spotrun.bootstrap import QuietReporter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "recovery"
@@ -251,26 +252,6 @@ def _until(check, timeout: float, step: float = 0.05):
 # -- spotrun --------------------------------------------------------------------------------------
 
 
-class _Quiet:
-    def __init__(self, names):
-        self.failures = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def phase(self, vm, phase):
-        pass
-
-    def line(self, vm, text):
-        pass
-
-    def failed(self, vm, error):
-        self.failures[vm] = error
-
-
 def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
     from spotrun.controller import running_pid, start_daemon, stop_daemon
     from spotrun.down import down
@@ -318,7 +299,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         timeline.wait_steps(3, 20, 60)
 
     try:
-        up(recipe, train=True, reporter_factory=_Quiet)
+        up(recipe, train=True, reporter_factory=QuietReporter)
         stop_controller()
         store = connect([endpoint])
         known = set(store.list_alive(CLUSTER))

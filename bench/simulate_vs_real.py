@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit  # noqa: E402
+from spotrun.bootstrap import QuietReporter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "simvsreal"
@@ -45,26 +46,6 @@ checkpoint: {{every_steps: 20, keep: 3}}
 """
 # 300 s ticks; 3 nodes: one lost for 2 ticks, later two lost for 1 tick.
 TRACE = (3, 3, 2, 2, 3, 3, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3)
-
-
-class _Quiet:
-    def __init__(self, names):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def phase(self, vm, phase):
-        pass
-
-    def line(self, vm, text):
-        pass
-
-    def failed(self, vm, error):
-        pass
 
 
 def _store(cluster: str):
@@ -90,7 +71,7 @@ def _run(recipe: Path, steps: int, events, timeout: float) -> tuple[float, float
     thread = threading.Thread(target=_replay, args=(events, start, fired), daemon=True)
     thread.start()
     try:
-        up(recipe, reporter_factory=_Quiet)
+        up(recipe, reporter_factory=QuietReporter)
         up_s = time.monotonic() - start
         store = _store(CLUSTER)
         seen: list[tuple[float, int]] = []

@@ -1,0 +1,81 @@
+"""The goodput bench's training job: the quickstart model, a fixed number of steps.
+
+Copied by bench/goodput.py into its temp workdir as `train.py`, next to `quickstart_model.py` (a
+copy of recipes/quickstart/train.py) and `data.pt` (the quickstart's generated images, made once
+by the bench). Global rank 0 appends one line per completed step to
+$STEPS_LOG_DIR/<node>.log (the cluster's shared directory: the lines outlive the VM), flushed:
+
+    BOOT WORLD <w> T0 <script start> T1 <trainer ready> RESUMED <step|None>   once per worker start
+    STEP <n> WORLD <w> T <time.time()>                                        every step
+
+`--plain` is the relaunch-all baseline's script: periodic checkpoints only. A collective that
+fails because a peer died is an ordinary error (exit 1) instead of the trainer's emergency save,
+so a relaunch resumes from the newest periodic checkpoint, as a plain training script would.
+"""
+
+from __future__ import annotations
+
+import time
+
+T0 = time.time()
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quickstart_model import make_model  # noqa: E402
+
+from spotrun.elastic.trainer import ElasticTrainer  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--batch", type=int, default=48)
+    parser.add_argument("--delay", type=float, default=0.03, help="seconds of sleep per step")
+    parser.add_argument("--plain", action="store_true", help="baseline: no emergency save")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    here = os.path.dirname(os.path.abspath(__file__))
+    images, labels = torch.load(os.path.join(here, "data.pt"))
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    trainer = ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch,
+                             dataset_len=len(labels))
+    out = None
+    if trainer.rank == 0:
+        folder = Path(os.environ.get("STEPS_LOG_DIR", here))
+        folder.mkdir(parents=True, exist_ok=True)
+        out = open(folder / f"{os.environ.get('SPOTRUN_NODE_ID', 'node')}.log", "a")
+        out.write(f"BOOT WORLD {trainer.world_size} T0 {T0:.6f} T1 {time.time():.6f} RESUMED {trainer.resumed_from}\n")
+        out.flush()
+    with trainer:
+        try:
+            for step, idx in trainer.batches():
+                loss = loss_fn(trainer.model(images[idx]), labels[idx])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                if out is not None:
+                    out.write(f"STEP {step} WORLD {trainer.world_size} T {time.time():.6f}\n")
+                    out.flush()
+                trainer.step_done(loss.item())
+                time.sleep(args.delay)
+        except Exception as exc:
+            if not args.plain:
+                raise  # the trainer's __exit__: emergency save of the completed step, then re-form
+            # os._exit: a normal exit runs gloo/DDP destructors that can hang on a dead peer.
+            sys.stderr.write(f"training failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}\n")
+            sys.stderr.flush()
+            os._exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,520 @@
+"""Goodput: the quickstart job through a fixed preemption schedule, spotrun against relaunch-all.
+
+Three runs of the same job (bench/_goodput_train.py: the quickstart CNN, `--steps` steps of a
+global batch of 48, `--delay` s of sleep per step) on 3 local VMs (real sshd VMs, agents, etcd
+rendezvous, a private etcd), one after the other:
+
+- undisturbed: no preemption; the controller runs. Wall time T0 = first step -> last step.
+- spotrun: the controller keeps the cluster at 3 while the schedule preempts (the agents act on
+  notices, the trainer saves agreed and emergency checkpoints). Wall time T1.
+- baseline "relaunch-all" (what SkyPilot's managed jobs do): the same script with `--plain`
+  (periodic checkpoints every `--every` steps only: no emergency save, and no notice reaches a
+  VM, so no agreed checkpoint either). The controller is stopped after each `up`. Each
+  preemption kills its VM at its deadline (a notice is ignored, as SkyPilot ignores it: the
+  cluster trains on until the VM dies), then at once (detection is instant, which favours the
+  baseline: SkyPilot polls) the whole cluster goes down (`spotrun down`, checkpoints kept) and
+  comes back (`spotrun up`, 3 fresh VMs), resuming from the newest periodic checkpoint.
+  Wall time T_baseline.
+
+The schedule (`--schedule`, `AT:NOTICE[:INDEX]` entries) is in seconds after the run's first
+step, the same for both disturbed runs; INDEX picks the victim among the live, not yet noticed
+VMs in launch order (mod their count). Victims may hold rank 0.
+
+Cases (one JSON line each, bench format of the design notes):
+  goodput              useful steps per wall-second relative to undisturbed: T0/T1 and T0/T_baseline
+  steps recomputed     step numbers completed more than once (rank 0's log lines, all nodes)
+  cost per 1000 steps  $ from the ledger (every segment of every VM of the run, from launch to
+                       the last step), / steps * 1000. Local VMs are priced `--price` $/h each.
+Goal: goodput >= 0.9 for spotrun, and >= 1.5x the baseline's.
+
+Run as root: .venv/bin/python bench/goodput.py [--only spotrun|baseline] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _format import emit  # noqa: E402
+from spotrun.bootstrap import QuietReporter  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+NODES = 3
+GOAL_GOODPUT, GOAL_RATIO = 0.9, 1.5
+DEFAULT_SCHEDULE = "6:8:0,14:0:1,22:8:2,30:0:0,38:8:1"
+
+RECIPE = """\
+name: {name}
+resources:
+  - provider: local
+    instance_type: cpu-small
+    prices: {{spot: {price}, on_demand: {on_demand}}}
+nodes: {{min: 1, max: 4, target: {nodes}}}
+workdir: work
+run: python train.py --steps {steps} --delay {delay}{plain}
+env: {{OMP_NUM_THREADS: 1, STEPS_LOG_DIR: /run/spotrun/shared/steps}}
+checkpoint: {{dir: checkpoints, every_steps: {every}, keep: 3}}
+control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
+"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    at: float  # seconds after the run's first step
+    notice: float  # 0: hard kill
+    index: int  # victim: live, not noticed VMs in launch order, mod their count
+
+
+def parse_schedule(text: str) -> list[Entry]:
+    entries = []
+    for item in filter(None, text.split(",")):
+        parts = item.split(":")
+        entries.append(Entry(float(parts[0]), float(parts[1]), int(parts[2]) if len(parts) > 2 else len(entries)))
+    return sorted(entries, key=lambda e: e.at)
+
+
+@dataclass
+class Result:
+    name: str
+    first: float | None = None  # time of the first step line
+    last: float | None = None  # time of the line of the final step
+    lines: int = 0  # step lines printed by rank 0, repeats included
+    recomputed: int = 0
+    cost: float | None = None
+    on_demand_cost: float | None = None
+    vms: int = 0
+    fired: list[dict] = field(default_factory=list)
+    stalls: list[dict] = field(default_factory=list)
+    world_s: dict[int, float] = field(default_factory=dict)
+    step_s: float | None = None  # median seconds per step
+    reached: int = 0  # highest step completed
+    boots: int = 0  # worker starts of rank 0 (1 + every re-formation or relaunch)
+    error: str | None = None
+
+    @property
+    def wall(self) -> float | None:
+        return self.last - self.first if self.first is not None and self.last is not None else None
+
+
+class Steps:
+    """Rank 0's STEP/BOOT lines from every node's log in the cluster's shared dir, read incrementally."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, str] = {}
+        self.steps: list[tuple[float, int, int, str]] = []  # (t, step, world, node)
+        self.boots: list[tuple[float, float, int, str]] = []  # (t0, t1, resumed, node)
+
+    def refresh(self) -> None:
+        for path in sorted(self.folder.glob("*.log")):
+            try:
+                with open(path) as f:
+                    f.seek(self._offsets.get(path, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            self._offsets[path] = self._offsets.get(path, 0) + len(data.encode())
+            *complete, rest = (self._partial.pop(path, "") + data).split("\n")
+            if rest:
+                self._partial[path] = rest
+            for text in complete:
+                w = text.split()
+                try:
+                    if w[:1] == ["STEP"]:
+                        self.steps.append((float(w[5]), int(w[1]), int(w[3]), path.stem))
+                    elif w[:1] == ["BOOT"]:
+                        self.boots.append((float(w[4]), float(w[6]), 0 if w[8] == "None" else int(w[8]), path.stem))
+                except (IndexError, ValueError):
+                    pass
+
+    def first(self) -> float | None:
+        return min((s[0] for s in self.steps), default=None)
+
+    def done(self, total: int) -> float | None:
+        return min((s[0] for s in self.steps if s[1] == total), default=None)
+
+
+# -- the three runs -------------------------------------------------------------------------------
+
+
+def _until(check, timeout: float, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
+def _stop_controller(cluster: str) -> None:
+    from spotrun.controller import running_pid, stop_daemon
+
+    # A daemon started a moment ago may not have exec'd yet (its cmdline is still ours): wait.
+    _until(lambda: running_pid(cluster) is not None, 5.0)
+    stop_daemon(cluster)
+
+
+def _live(cluster: str, exclude: set[str]) -> list[str]:
+    """Running VMs of the cluster in launch order, from the provider."""
+    from spotrun.node_ops import _find
+
+    _, found = _find(cluster, None)
+    return [inst.id for _, inst in found if inst.state.value == "running" and inst.id not in exclude]
+
+
+class Run:
+    """One cluster: writes its recipe, brings it up, follows its steps, reads its ledger."""
+
+    def __init__(self, name: str, tmp: Path, endpoint: str, args, *, plain: bool) -> None:
+        self.name, self.args = name, args
+        self.recipe = tmp / f"{name}.yaml"
+        self.recipe.write_text(RECIPE.format(name=name, price=args.price, on_demand=args.price * 3, nodes=NODES,
+                                             steps=args.steps, delay=args.delay, plain=" --plain" if plain else "",
+                                             every=args.every, endpoint=endpoint))
+        self.endpoint = endpoint
+        home = Path(os.environ["SPOTRUN_HOME"])
+        self.steps = Steps(home / "local" / "shared" / name / "steps")
+        self.result = Result(name)
+        self.vms: set[str] = set()
+
+    def up(self, *, controller: bool) -> float:
+        from spotrun.up import up
+
+        start = time.perf_counter()
+        result = up(self.recipe, train=True, reporter_factory=QuietReporter)
+        self.vms.update(result.nodes)
+        if not controller:
+            _stop_controller(self.name)
+        return time.perf_counter() - start
+
+    def wait_first(self, timeout: float) -> float:
+        def seen():
+            self.steps.refresh()
+            return self.steps.first()
+
+        first = _until(seen, timeout)
+        if first is None:
+            raise RuntimeError(f"{self.name}: no training step within {timeout:.0f} s")
+        self.result.first = first
+        return first
+
+    def finished(self) -> float | None:
+        self.steps.refresh()
+        return self.steps.done(self.args.steps)
+
+    def conclude(self) -> None:
+        """Figures from the step lines and the ledger (billed up to the last step)."""
+        from spotrun.costs import summarize
+        from spotrun.store import connect
+
+        r, steps = self.result, sorted(self.steps.steps)
+        r.lines, r.boots = len(steps), len(self.steps.boots)
+        r.reached = max((s[1] for s in steps), default=0)
+        r.recomputed = len(steps) - len({s[1] for s in steps})
+        gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:])]
+        r.step_s = statistics.median(gaps) if gaps else None
+        for (t, _, world, _), gap in zip(steps, gaps):
+            r.world_s[world] = r.world_s.get(world, 0.0) + gap
+        # Stalls: gaps of more than 5 median steps; where the time between two steps went.
+        if r.step_s:
+            for a, b in zip(steps, steps[1:]):
+                if b[0] - a[0] > 5 * r.step_s:
+                    boot = [x for x in self.steps.boots if a[0] <= x[1] <= b[0]]
+                    r.stalls.append({"at_s": round(a[0] - r.first, 2), "s": round(b[0] - a[0], 2),
+                                     "world": f"{a[2]}->{b[2]}", "step": f"{a[1]}->{b[1]}",
+                                     **({"workers_ready_after_s": round(max(x[1] for x in boot) - a[0], 2)}
+                                        if boot else {})})
+        store = connect([self.endpoint])
+        try:
+            segments = [s for segs in store.list_ledger(self.name).values() for s in segs]
+        finally:
+            store.close()
+        until = r.last if r.last is not None else time.time()
+        clipped = [s for s in segments if s.start < until]
+        cost = summarize([_clip(s, until) for s in clipped], now=until)
+        r.cost, r.on_demand_cost, r.vms = cost.total, cost.on_demand_total, len({s.node for s in segments})
+
+    def _dump_events(self, path: Path) -> None:
+        try:
+            path.write_text(_events_text(self.endpoint, self.name))
+        except Exception as exc:  # noqa: BLE001 - logs only
+            path.write_text(f"could not read events: {exc}\n")
+
+    def down(self, keep: Path | None = None) -> None:
+        from spotrun import clusterfile
+        from spotrun.down import down
+
+        if keep is not None:  # purge deletes the shared dir and the VM dirs
+            from spotrun.providers.local import LocalProvider
+
+            home = Path(os.environ["SPOTRUN_HOME"]) / "local"
+            ids = {i.id for i in LocalProvider(root=home).instances(self.name)}
+            (keep / self.name).mkdir(parents=True, exist_ok=True)
+            self._dump_events(keep / self.name / "events.txt")
+            from spotrun.paths import cluster_dir
+
+            if (cluster_dir(self.name) / "controller.log").exists():
+                shutil.copy(cluster_dir(self.name) / "controller.log", keep / self.name / "controller.log")
+            for log in [*self.steps.folder.glob("*.log"), *home.glob("vms/*/home/.spotrun/*.log")]:
+                vm = log.parts[-4] if log.parent.name == ".spotrun" else None
+                if vm is None or vm in ids:
+                    where = keep / self.name / (vm or "steps")
+                    where.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(log, where / log.name)
+        if self.name in clusterfile.names():
+            down(self.name, purge=True)
+
+
+def _events_text(endpoint: str, cluster: str) -> str:
+    from spotrun.store import connect
+
+    store = connect([endpoint])
+    try:
+        return "".join(f"{e.at:.3f} {e.kind:10} {e.node or '-':24} {e.message}\n" for e in store.list_events(cluster))
+    finally:
+        store.close()
+
+
+def _clip(segment, until: float):
+    from dataclasses import replace
+
+    return replace(segment, end=min(segment.end, until)) if segment.end is not None else segment
+
+
+def run_undisturbed(run: Run, timeout: float) -> None:
+    run.up(controller=True)
+    run.wait_first(180)
+    run.result.last = _until(run.finished, timeout, 0.1)
+    if run.result.last is None:
+        raise RuntimeError(f"undisturbed: step {run.args.steps} not reached in {timeout:.0f} s")
+
+
+def run_spotrun(run: Run, schedule: list[Entry], timeout: float) -> None:
+    from spotrun.node_ops import preempt
+
+    run.up(controller=True)
+    first = run.wait_first(180)
+    noticed: set[str] = set()
+    pending = list(schedule)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (last := run.finished()) is not None:
+            run.result.last = last
+            break
+        now = time.time()
+        while pending and now >= first + pending[0].at:
+            entry = pending.pop(0)
+            live = _live(run.name, noticed)
+            if not live:
+                run.result.fired.append({"at_s": entry.at, "skipped": "no live VM"})
+                continue
+            victim = live[entry.index % len(live)]
+            ranked = _rank0(run)
+            preempt(run.name, victim, entry.notice)
+            if entry.notice > 0:
+                noticed.add(victim)
+            run.result.fired.append({"at_s": round(time.time() - first, 2), "notice_s": entry.notice,
+                                     "victim_rank0": victim == ranked})
+        time.sleep(0.1)
+    else:
+        raise RuntimeError(f"spotrun: step {run.args.steps} not reached in {timeout:.0f} s")
+    run.result.vms = len(run.vms)
+
+
+def _rank0(run: Run) -> str | None:
+    run.steps.refresh()
+    return max(run.steps.steps)[3] if run.steps.steps else None
+
+
+def run_baseline(run: Run, schedule: list[Entry], timeout: float) -> None:
+    """Relaunch-all: on each VM death, down the whole cluster and up a fresh one.
+
+    The schedule's victim is picked when its entry comes (its notice time) and dies at its
+    deadline; a victim that an earlier relaunch already tore down has nothing left to lose
+    (two VMs dying together cost one relaunch, as they would with SkyPilot)."""
+    from spotrun.down import down
+    from spotrun.node_ops import preempt
+
+    run.up(controller=False)
+    first = run.wait_first(180)
+    pending = list(schedule)
+    deaths: list[tuple[float, Entry, str | None]] = []  # (seconds after the first step, entry, victim)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (last := run.finished()) is not None:
+            run.result.last = last
+            break
+        now = time.time()
+        while pending and now >= first + pending[0].at:
+            entry = pending.pop(0)
+            live = _live(run.name, set())
+            deaths.append((entry.at + entry.notice, entry, live[entry.index % len(live)] if live else None))
+            deaths.sort(key=lambda d: d[0])
+        if deaths and now >= first + deaths[0][0]:
+            due, entry, victim = deaths.pop(0)
+            if victim is None or victim not in _live(run.name, set()):
+                run.result.fired.append({"at_s": round(now - first, 2), "scheduled_s": due, "notice_s": entry.notice,
+                                         "skipped": "victim already gone with an earlier relaunch"})
+                continue
+            run.steps.refresh()
+            before = max((s[1] for s in run.steps.steps), default=0)
+            killed = time.time()
+            preempt(run.name, victim, 0)
+            down(run.name)  # checkpoints (shared dir) and ledger stay
+            down_s = time.time() - killed
+            up_s = run.up(controller=False)
+            resumed = _until(lambda: _first_after(run, killed + down_s), 120, 0.05)
+            boot = [b for b in run.steps.boots if b[0] >= killed]
+            run.result.fired.append({
+                "at_s": round(killed - first, 2), "scheduled_s": due, "notice_s": entry.notice,
+                "down_s": round(down_s, 2), "up_s": round(up_s, 2),
+                **({"resumed_from": min(b[2] for b in boot), "last_step_before": before} if boot else {}),
+                **({"kill_to_first_step_s": round(resumed[0] - killed, 2)} if resumed else {})})
+        time.sleep(0.1)
+    else:
+        raise RuntimeError(f"baseline: step {run.args.steps} not reached in {timeout:.0f} s")
+
+
+def _first_after(run: Run, t: float):
+    run.steps.refresh()
+    after = [s for s in run.steps.steps if s[0] > t]
+    return min(after) if after else None
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def _make_data(path: Path, samples: int) -> None:
+    sys.path.insert(0, str(ROOT / "recipes" / "quickstart"))
+    import torch
+    from train import make_data  # the quickstart's generated images
+
+    torch.save(make_data(samples), path)
+
+
+def _workdir(path: Path, data: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).with_name("_goodput_train.py"), path / "train.py")
+    shutil.copy(ROOT / "recipes" / "quickstart" / "train.py", path / "quickstart_model.py")
+    shutil.copy(data, path / "data.pt")
+
+
+def _attempt(label: str, fn, run: Run, *a, keep: Path | None = None) -> None:
+    try:
+        fn(run, *a)
+        run.conclude()
+    except Exception as exc:  # noqa: BLE001 - report, clean up, keep the other runs' figures
+        run.result.error = f"{type(exc).__name__}: {exc}"
+        print(f"{label} failed: {run.result.error}", file=sys.stderr)
+        try:
+            run.conclude()
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        try:
+            run.down(keep)
+        except Exception as exc:  # noqa: BLE001
+            print(f"{label}: down failed: {exc}", file=sys.stderr)
+
+
+def report(und: Result, spot: Result | None, base: Result | None, schedule: list[Entry], args) -> None:
+    t0 = und.wall
+    gp = lambda r: (t0 / r.wall) if (r is not None and r.wall and t0) else None  # noqa: E731
+    ours, theirs = gp(spot), gp(base)
+    setup = {"nodes": NODES, "steps": args.steps, "delay_s": args.delay, "periodic_every_steps": args.every,
+             "schedule": [f"{e.at:g}s notice {e.notice:g}s" for e in schedule]}
+    extra: dict = {"t_undisturbed_s": _r(t0), "t_spotrun_s": _r(spot.wall if spot else None),
+                   "t_baseline_s": _r(base.wall if base else None), "goal": GOAL_GOODPUT,
+                   "goal_ratio_to_baseline": GOAL_RATIO, **setup}
+    if ours and theirs:
+        extra["ratio_to_baseline"] = round(ours / theirs, 2)
+    for r in (und, spot, base):
+        if r is not None and r.error:
+            extra[f"{r.name}_error"] = r.error
+            extra[f"{r.name}_reached_step"] = r.reached
+    _line("goodput", "ratio", ours, theirs, extra)
+    _line("steps recomputed", "steps", spot.recomputed if spot else None, base.recomputed if base else None,
+          {"undisturbed": und.recomputed, "spotrun_step_lines": spot.lines if spot else None,
+           "baseline_step_lines": base.lines if base else None})
+    per = lambda r: r.cost / args.steps * 1000 if r is not None and r.cost is not None and r.last else None  # noqa: E731
+    _line("cost per 1000 steps", "$", per(spot), per(base),
+          {"undisturbed": _r(per(und), 6), "price_per_vm_hour": args.price,
+           "vms_billed": {r.name: r.vms for r in (und, spot, base) if r is not None},
+           "note": "ledger segments of every VM of the run, launch -> last step"})
+    detail = {r.name: {"median_step_s": _r(r.step_s, 4), "world_s": {k: round(v, 1) for k, v in sorted(r.world_s.items())},
+                       "worker_starts": r.boots, "stall_s": round(sum(s["s"] for s in r.stalls), 2),
+                       "stalls_n": len(r.stalls), "largest_stalls": sorted(r.stalls, key=lambda s: -s["s"])[:6],
+                       "events": r.fired}
+              for r in (und, spot, base) if r is not None}
+    print(json.dumps({"bench": "goodput", "case": "where the time goes", "detail": detail}), flush=True)
+
+
+def _line(case: str, unit: str, ours, theirs, extra: dict) -> None:
+    if ours is not None:
+        emit("goodput", case, unit, ours, theirs, **extra)
+    else:
+        print(json.dumps({"bench": "goodput", "case": case, "unit": unit, "spotrun": None,
+                          "baseline": None if theirs is None else round(theirs, 4), **extra}), flush=True)
+
+
+def _r(value, digits: int = 2):
+    return None if value is None else round(value, digits)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("spotrun", "baseline"), help="run one disturbed side only")
+    parser.add_argument("--steps", type=int, default=1000, help="training steps of every run")
+    parser.add_argument("--delay", type=float, default=0.03, help="sleep per training step (s)")
+    parser.add_argument("--every", type=int, default=50, help="periodic checkpoint every N steps (all runs)")
+    parser.add_argument("--schedule", default=DEFAULT_SCHEDULE, help="AT:NOTICE[:INDEX],... after the first step")
+    parser.add_argument("--price", type=float, default=1.0, help="spot $/hour of one VM (on-demand: 3x)")
+    parser.add_argument("--timeout", type=float, default=150.0,
+                        help="max seconds of training per run (a disturbed run also stops at 3 x T0)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) and print its path")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench/goodput.py needs root (the local provider's VMs use namespaces)")
+    schedule = parse_schedule(args.schedule)
+    tmp = Path(tempfile.mkdtemp(prefix="spotrun-bench-goodput-"))
+    try:
+        os.environ["SPOTRUN_HOME"] = str(tmp / "home")
+        keep = tmp / "logs" if args.keep else None
+        data = tmp / "data.pt"
+        _make_data(data, 3000)
+        _workdir(tmp / "work", data)
+        from spotrun.etcd_server import EtcdProcess
+
+        spot = base = None
+        with EtcdProcess(tmp / "etcd") as etcd:
+            und = Run("gp-undisturbed", tmp, etcd.endpoint, args, plain=False)
+            _attempt("undisturbed", run_undisturbed, und, args.timeout, keep=keep)
+            # A disturbed run that takes 3 x T0 has a goodput under 0.33: stop it there (a hang).
+            limit = min(args.timeout, 3 * und.result.wall) if und.result.wall else args.timeout
+            if args.only != "baseline":
+                spot = Run("gp-spotrun", tmp, etcd.endpoint, args, plain=False)
+                _attempt("spotrun", run_spotrun, spot, schedule, limit, keep=keep)
+            if args.only != "spotrun":
+                base = Run("gp-baseline", tmp, etcd.endpoint, args, plain=True)
+                _attempt("baseline", run_baseline, base, schedule, limit, keep=keep)
+        report(und.result, spot.result if spot else None, base.result if base else None, schedule, args)
+    finally:
+        if args.keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
