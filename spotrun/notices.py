@@ -33,7 +33,7 @@ DEFAULT_BASE_URLS: dict[str, str] = {
     "gcp": "http://metadata.google.internal",
     "azure": "http://169.254.169.254",
 }
-POLL_INTERVAL_S: dict[str, float] = {"aws": 2.0, "gcp": 1.0, "azure": 1.0}
+POLL_INTERVAL_S: dict[str, float] = {"aws": 1.0, "gcp": 1.0, "azure": 1.0}  # every second: a notice is worth acting on at once
 GCP_NOTICE_S = 30.0  # GCP's documented shutdown window after `preempted` turns TRUE
 AWS_TOKEN_TTL_S = 21600
 AZURE_API_VERSION = "2020-07-01"
