@@ -20,7 +20,7 @@ _log = log.get("down")
 
 # What a cluster keeps in etcd after `down` (its history) unless purged.
 KEPT_KINDS = ("spec", "checkpoints", "ledger", "events")
-DROPPED_KINDS = ("target", "nodes", "alive", "notices", "progress", "rdzv")
+DROPPED_KINDS = ("target", "nodes", "alive", "notices", "progress", "rdzv", "launches", "chaos", "stopped")
 
 
 @dataclass
