@@ -314,8 +314,10 @@ def start_daemon(cluster: str) -> int:
     if (pid := running_pid(cluster)) is not None:
         return pid
     log_file = open(cluster_dir(cluster) / "controller.log", "ab")
+    # cwd "/": with `-m`, Python puts the cwd first on sys.path, and a source checkout there
+    # would shadow the installed package (whose spotrun.providers lives elsewhere in the tree).
     proc = subprocess.Popen([sys.executable, "-m", "spotrun.controller", cluster], stdin=subprocess.DEVNULL,
-                            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, cwd="/",
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log_file.close()
     pid_path(cluster).write_text(str(proc.pid))

@@ -114,7 +114,8 @@ class Launcher:
         return argv + ["--", *shlex.split(self.spec.run)]
 
     def _env(self) -> dict[str, str]:
-        env = {**os.environ, **self.spec.env, "SPOTRUN_CONTROL_FILE": str(self.control.path),
+        # PYTHONSAFEPATH: `-m` must not import a `spotrun` directory from the workdir.
+        env = {**os.environ, **self.spec.env, "PYTHONSAFEPATH": "1", "SPOTRUN_CONTROL_FILE": str(self.control.path),
                "SPOTRUN_PROGRESS_FILE": str(self.progress_path), "SPOTRUN_CLUSTER": self.cluster,
                "SPOTRUN_NODE_ID": self.node, "SPOTRUN_CHECKPOINT_KEEP": str(self.spec.keep)}
         optional = {"SPOTRUN_CHECKPOINT_DIR": self.spec.checkpoint_dir,

@@ -139,6 +139,8 @@ def test_killed_controller_during_launch_neither_duplicates_nor_leaks(cluster_en
     name = cluster_env("crash", target=1)
     with connect_recipe(clusterfile.load(name).recipe(), [etcd_server.endpoint]) as store:
         pid = start_daemon(name)
+        # Not the caller's cwd: a source checkout there would shadow the installed package.
+        assert os.readlink(f"/proc/{pid}/cwd") == "/"
         set_target(store, name, 4)
         # Kill it as soon as its launch intent is recorded (mid-launch).
         _until(lambda: store.get_prefix(f"/spotrun/{name}/launches/"), timeout=30, step=0.005)
