@@ -77,6 +77,7 @@ class ElasticTrainer:
         self.model = torch.nn.parallel.DistributedDataParallel(model) if self.world_size > 1 else model
         self.step = 0
         self.samples_seen = 0
+        self._orders: dict[int, torch.Tensor] = {}
         self.resumed_from: int | None = None
         self._control = _ControlFile(_env("SPOTRUN_CONTROL_FILE", Path, None))
         # One reporter per node: local rank 0 (the agent publishes one progress record per node).
@@ -136,10 +137,20 @@ class ElasticTrainer:
         seeded permutations, so the sample sequence is the same whatever the world size)."""
         positions = torch.arange(offset, offset + self.global_batch)
         epochs, within = positions // self.dataset_len, positions % self.dataset_len
-        order = {int(e): torch.randperm(self.dataset_len, generator=torch.Generator().manual_seed(self.seed + int(e)))
-                 for e in epochs.unique()}
-        samples = torch.stack([order[int(e)][i] for e, i in zip(epochs, within)])
+        samples = torch.empty_like(positions)
+        for epoch in epochs.unique().tolist():
+            mask = epochs == epoch
+            samples[mask] = self._permutation(epoch)[within[mask]]
         return torch.tensor_split(samples, self.world_size)[self.rank]
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        """The seeded sample order of `epoch`, computed once per epoch (not once per step)."""
+        if epoch not in self._orders:
+            if len(self._orders) >= 2:
+                self._orders.pop(min(self._orders))
+            self._orders[epoch] = torch.randperm(self.dataset_len,
+                                                 generator=torch.Generator().manual_seed(self.seed + epoch))
+        return self._orders[epoch]
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _resume(self) -> None:
