@@ -25,7 +25,8 @@ from spotrun.store import LeaseKeeper, Store, WatchEvent, connect, key
 
 _log = log.get("agent")
 
-DEFAULT_LEAVE_MARGIN_S = 5.0  # before the deadline: covers an agreed checkpoint and the leave
+DEFAULT_LEAVE_MARGIN_S = 5.0  # before the deadline, until a checkpoint of this job has been timed
+MIN_LEAVE_MARGIN_S = 1.5  # the agreed checkpoint waits for a step boundary, then the group re-forms
 LEFT_REASON = "left the training job"  # the controller terminates a node in this state
 
 
@@ -40,7 +41,7 @@ class AgentConfig:
     train: bool = False  # run the recipe's `run` under the elastic launcher
     checkpoint_root: Path | None = None  # storage every node of the cluster reaches
     state_dir: Path = Path("~/.spotrun").expanduser()
-    leave_margin_s: float = DEFAULT_LEAVE_MARGIN_S
+    leave_margin_s: float | None = None  # None: measured from the job's checkpoints (see _leave_margin)
 
 
 class Agent:
@@ -185,8 +186,19 @@ class Agent:
         self._guard(lambda: self._set_state(NodeState.NOTICE, f"{notice.source} preemption notice, {left:.0f} s left"))
         self._event("notice", f"{self.config.node}: {notice.source} preemption notice, {left:.0f} s left")
         # Keep training through the notice period; leave with just enough margin to checkpoint.
-        if not self.stop.wait(max(0.0, notice.deadline - self.config.leave_margin_s - time.time())):
+        if not self.stop.wait(max(0.0, notice.deadline - self._leave_margin() - time.time())):
             self._leave(f"preemption deadline in {max(0.0, notice.deadline - time.time()):.0f} s")
+
+    def _leave_margin(self) -> float:
+        """Seconds before the deadline to checkpoint and leave: measured, not guessed. Three times
+        the newest checkpoint's write time plus a second for the leave itself, at least
+        MIN_LEAVE_MARGIN_S; DEFAULT_LEAVE_MARGIN_S until this job has written a checkpoint."""
+        if self.config.leave_margin_s is not None:
+            return self.config.leave_margin_s
+        latest = self._guarded_get(lambda: self.store.latest_checkpoint(self.config.cluster))
+        if latest is None or latest.seconds <= 0:
+            return DEFAULT_LEAVE_MARGIN_S
+        return max(MIN_LEAVE_MARGIN_S, 1.0 + 3.0 * latest.seconds)
 
     def _on_own_record(self, event: WatchEvent) -> None:
         """A drain (scale-down, TUI) marks this node `leaving`; leave the same way a notice does."""
@@ -277,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttl", type=int, default=10, help="liveness lease seconds (default 10)")
     parser.add_argument("--train", action="store_true", help="run the recipe's `run` under the elastic launcher")
     parser.add_argument("--checkpoint-root", type=Path, help="shared storage for checkpoints (default: cwd)")
-    parser.add_argument("--leave-margin", type=float, default=DEFAULT_LEAVE_MARGIN_S,
-                        help="seconds before a preemption deadline to checkpoint and leave")
+    parser.add_argument("--leave-margin", type=float, default=None,
+                        help="seconds before a preemption deadline to checkpoint and leave "
+                             "(default: measured from the job's checkpoint write time)")
     args = parser.parse_args(argv)
     log.setup(1)  # the agent's log file is for people debugging a VM: keep INFO lines
     config = AgentConfig(args.cluster, args.node, args.etcd, args.ttl, args.notice_protocol, args.metadata_url,

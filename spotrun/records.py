@@ -81,6 +81,7 @@ class CheckpointRecord:
     bytes: int
     sha256: str
     written_at: float
+    seconds: float = 0.0  # how long writing it took (the agents size their leave margin from it)
 
 
 @dataclass(frozen=True)

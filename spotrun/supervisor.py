@@ -167,5 +167,6 @@ class ProgressPublisher:
         if checkpoint and checkpoint.get("step") != self._last_checkpoint:
             self.store.put_checkpoint(self.cluster, CheckpointRecord(
                 step=int(checkpoint["step"]), path=checkpoint["path"], bytes=int(checkpoint["bytes"]),
-                sha256=checkpoint["sha256"], written_at=float(checkpoint["written_at"])))
+                sha256=checkpoint["sha256"], written_at=float(checkpoint["written_at"]),
+                seconds=float(checkpoint.get("seconds") or 0.0)))
             self._last_checkpoint = checkpoint["step"]

@@ -175,10 +175,12 @@ class ElasticTrainer:
                 "step": self.step, "samples_seen": self.samples_seen, "world_size": self.world_size}
 
     def _write_and_prune(self, state: dict[str, Any]) -> None:
+        started = time.monotonic()
         manifest = self._store.write(self.checkpoint_dir, state["step"], state["world_size"],
                                      lambda path: torch.save(state, path), state["samples_seen"])
+        took = time.monotonic() - started
         self._store.prune(self.checkpoint_dir, self.keep)
-        self._progress.checkpointed(manifest)
+        self._progress.checkpointed(manifest, took)
 
     def _save_sync(self, why: str) -> None:
         self._writer.wait()
@@ -298,9 +300,9 @@ class _ProgressFile:
         if now - self._last_write >= self.min_interval:
             self._flush()
 
-    def checkpointed(self, manifest: checkpoint.Manifest) -> None:
+    def checkpointed(self, manifest: checkpoint.Manifest, seconds: float) -> None:
         self._checkpoint = {"step": manifest.step, "path": manifest.path, "bytes": manifest.bytes,
-                            "sha256": manifest.sha256, "written_at": manifest.written_at}
+                            "sha256": manifest.sha256, "written_at": manifest.written_at, "seconds": round(seconds, 4)}
         self._flush()
 
     def _flush(self) -> None:
