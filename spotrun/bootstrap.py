@@ -23,6 +23,7 @@ _log = log.get("bootstrap")
 PHASES = ("connect", "upload", "setup", "agent", "done")
 REMOTE_WORKDIR = "~/work"
 REMOTE_STATE = "~/.spotrun"
+REMOTE_SECRETS = f"{REMOTE_STATE}/secrets"
 
 
 class Reporter(Protocol):
@@ -66,6 +67,7 @@ class BootstrapPlan:
     agent_argv: Callable[[str], list[str]]  # VM name -> the agent's command line on that VM
     key_path: Path
     timeouts: SshTimeouts = SshTimeouts()
+    secrets: dict[str, bytes] = field(default_factory=dict)  # name -> content, into REMOTE_SECRETS (mode 600)
 
 
 @dataclass
@@ -109,6 +111,9 @@ def _bootstrap_one(target: SshTarget, plan: BootstrapPlan, blob: bytes, reporter
 
 
 def _upload(session, plan: BootstrapPlan, blob: bytes, content: str, emit) -> bool:
+    for name, data in sorted(plan.secrets.items()):  # always rewritten: a rotated cert must land
+        session.check(f"umask 077 && mkdir -p {REMOTE_SECRETS} && cat > {REMOTE_SECRETS}/{shlex.quote(name)}",
+                      what=f"upload of {name}", stdin=data)
     marker = f"{REMOTE_STATE}/workdir.{content}"
     if session.run(f"test -f {marker}").exit_status == 0:
         return False

@@ -50,6 +50,24 @@ def connect_cluster(cluster: str) -> "Store":
     return connect_default()
 
 
+def vm_tls(recipe: "Recipe") -> tuple[dict[str, bytes], dict[str, str]]:
+    """(files, env) that give a VM's processes the recipe's etcd TLS files: the files go to the
+    VM's secrets dir (bootstrap.REMOTE_SECRETS), the env points store.connect at them."""
+    from spotrun.bootstrap import REMOTE_SECRETS
+
+    tls = recipe.control_plane.tls
+    files, env = {}, {}
+    for name in ("ca", "cert", "key"):
+        path = _path(tls, name)
+        if path:
+            try:
+                files[f"etcd-{name}.pem"] = open(path, "rb").read()
+            except OSError as exc:
+                raise ControlPlaneError(f"cannot read TLS file: {exc}", hint="check control_plane.tls") from exc
+            env[f"SPOTRUN_ETCD_{name.upper()}"] = f"{REMOTE_SECRETS}/etcd-{name}.pem"
+    return files, env
+
+
 def _as_url(endpoint: str) -> str:
     return endpoint if "://" in endpoint else f"http://{endpoint}"
 

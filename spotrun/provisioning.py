@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from spotrun import log
 from spotrun.bootstrap import BootstrapPlan, bootstrap_all
 from spotrun.clusterfile import ClusterFile
+from spotrun.control_plane import vm_tls
 from spotrun.errors import BootstrapError, CapacityError, ProviderError
 from spotrun.keys import ensure_keypair
 from spotrun.paths import cluster_dir
@@ -147,9 +148,10 @@ class Provisioner:
             self.record_node(inst, NodeState.BOOTSTRAPPING)
         targets = [SshTarget(i.id, i.host, i.ssh_port, i.ssh_user, i.host_public_key) for i in todo]
         by_id = {i.id: i for i in todo}
+        tls_files, tls_env = vm_tls(self.recipe)
         plan = BootstrapPlan(cluster=self.cluster, workdir=self.recipe.workdir, setup=self.recipe.setup,
-                             env=dict(self.recipe.env), agent_argv=lambda vm: self._agent_argv(by_id[vm]),
-                             key_path=self.record.key_path, timeouts=self.ssh_timeouts)
+                             env={**self.recipe.env, **tls_env}, agent_argv=lambda vm: self._agent_argv(by_id[vm]),
+                             key_path=self.record.key_path, timeouts=self.ssh_timeouts, secrets=tls_files)
         with (self.reporter_factory or BootstrapProgress)([t.name for t in targets]) as reporter:
             outcomes = bootstrap_all(targets, plan, reporter)
         failed = {o.name: o.error for o in outcomes if not o.ok}

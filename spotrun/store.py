@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import queue
 import re
 import threading
@@ -114,6 +115,11 @@ def _parse_endpoint(url: str) -> tuple[str, int, bool]:
     return parts.hostname, parts.port or 2379, parts.scheme == "https"
 
 
+def _env_path(name: str) -> str | None:
+    value = os.environ.get(name)
+    return os.path.expanduser(value) if value else None
+
+
 def _grpc_options(host: str) -> list[tuple[str, int]]:
     opts = [
         # Come back within ~1 s after an etcd restart instead of gRPC's default 120 s backoff cap.
@@ -136,8 +142,12 @@ def connect(
     """Connect to etcd at `endpoints` (`http://host:port`, `https://...` with `ca`).
 
     With `check` it makes one request, so a dead endpoint fails here. Blocks up to `timeout`.
+    TLS files not given default to $SPOTRUN_ETCD_CA / _CERT / _KEY (`~` expanded): that is how a
+    VM's agent, launcher, rendezvous and trainer all reach an etcd that wants TLS.
     Raises ControlPlaneError naming the endpoint.
     """
+    ca, cert, key = (given or _env_path(f"SPOTRUN_ETCD_{name}")
+                     for given, name in ((ca, "CA"), (cert, "CERT"), (key, "KEY")))
     if not endpoints:
         raise ControlPlaneError("no etcd endpoint given", hint="pass at least one http://HOST:PORT")
     import grpc
