@@ -19,7 +19,8 @@ AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN or ~/.aws/credenti
 $AWS_PROFILE, else default); regions from `regions=`, $SPOTRUN_AWS_REGIONS (comma-separated),
 $AWS_REGION / $AWS_DEFAULT_REGION, else us-east-1, us-east-2, us-west-2; endpoint from
 `endpoint_url=` or $SPOTRUN_AWS_ENDPOINT_URL (moto, private clouds); image from `image=` or
-$SPOTRUN_AWS_IMAGE, else the newest AWS Deep Learning Base GPU AMI (Ubuntu 22.04).
+$SPOTRUN_AWS_IMAGE, else the newest AWS Deep Learning Base GPU AMI (Ubuntu 22.04); login user
+from `ssh_user=` or $SPOTRUN_AWS_SSH_USER, else ubuntu (the image's user; ec2-user on Amazon Linux).
 
 Tested against moto's EC2 server (tests/test_aws.py), never against AWS itself.
 """
@@ -102,7 +103,7 @@ class AwsProvider:
     supports_cleanup = True
 
     def __init__(self, region: str | None = None, *, regions: Sequence[str] | None = None,
-                 endpoint_url: str | None = None, image: str | None = None, ssh_user: str = "ubuntu",
+                 endpoint_url: str | None = None, image: str | None = None, ssh_user: str | None = None,
                  ssh_cidr: str = "0.0.0.0/0", instance_types: Mapping[str, InstanceShape] | None = None,
                  price_ttl_s: float = 300.0, launch_timeout: float = 300.0, poll_s: float = 2.0) -> None:
         """`region` or `regions`: where offers and VMs are looked for (first one is the default).
@@ -112,7 +113,8 @@ class AwsProvider:
         self.regions = list(regions or ([region] if region else env_regions or ([default] if default else DEFAULT_REGIONS)))
         self.endpoint_url = endpoint_url or os.environ.get("SPOTRUN_AWS_ENDPOINT_URL") or None
         self.image = image or os.environ.get("SPOTRUN_AWS_IMAGE") or None
-        self.ssh_user, self.ssh_cidr = ssh_user, ssh_cidr
+        self.ssh_user = ssh_user or os.environ.get("SPOTRUN_AWS_SSH_USER") or "ubuntu"
+        self.ssh_cidr = ssh_cidr
         self.catalog = dict(instance_types or CATALOG)
         self.price_ttl_s, self.launch_timeout, self.poll_s = price_ttl_s, launch_timeout, poll_s
         self._local = threading.local()

@@ -250,20 +250,19 @@ class LocalProvider:
                        check=True, capture_output=True, stdin=subprocess.DEVNULL)
         files.authorized_keys.write_text(spec.ssh_public_key.strip() + "\n")
         files.authorized_keys.chmod(0o600)
-        path = _vm_path()
-        files.profile.write_text(_PROFILE.format(path=path))
+        path = vm_path()
+        files.profile.write_text(PROFILE.format(path=path))
         host_key = " ".join(files.host_key.with_name(files.host_key.name + ".pub").read_text().split()[:2])
         write_json_atomic(files.config, {
             "id": vm_id, "cluster": spec.cluster, "notice_protocol": self.notice_protocol,
             "zone": spec.offer.zone, "instance_type": spec.offer.instance_type, "login_user": self.login_user,
-            "sshd": self.sshd, "sshd_extra": _version_options(self.sshd) + self.sshd_extra_config,
+            "sshd": self.sshd, "sshd_extra": sshd_version_options(self.sshd) + self.sshd_extra_config,
             "path": path, "ready_timeout": self.launch_timeout, "host_public_key": host_key,
             "shared_dir": str(self.shared_dir(spec.cluster)),
         })
 
     def _spawn(self, files: VmFiles) -> subprocess.Popen[bytes]:
-        cmd = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private",
-               sys.executable, "-u", "-m", MODULE, str(files.root)]
+        cmd = init_command(files.root)
         with open(files.log, "ab") as out:
             # Own session and no terminal: the VM outlives the spotrun process that launched it.
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -360,7 +359,7 @@ class LocalProvider:
         )
 
 
-_PROFILE = """\
+PROFILE = """\
 # /etc/profile of a spotrun local VM, bind-mounted by its init: login shells keep the PATH that
 # sshd sets (spotrun's environment first) instead of the host's.
 export PATH="{path}"
@@ -378,13 +377,19 @@ def _launch_error(failures: Sequence[tuple[str, str, Path]], launched: int) -> P
     return ProviderError(prefix + "; ".join(lines), hint=f"log: {logs}")
 
 
-def _vm_path() -> str:
+def init_command(vm_dir: Path) -> list[str]:
+    """The command that runs a VM: its init as PID 1 of new PID and mount namespaces."""
+    return ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private",
+            sys.executable, "-u", "-m", MODULE, str(vm_dir)]
+
+
+def vm_path() -> str:
     """PATH inside a VM: the running environment's bin dir first, so `spotrun` resolves there."""
     return f"{os.path.dirname(sys.executable)}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @functools.lru_cache(maxsize=8)
-def _version_options(sshd: str) -> list[str]:
+def sshd_version_options(sshd: str) -> list[str]:
     """Options some sshd versions need: 9.8+ would penalize our banner probes from 127.0.0.1."""
     try:
         out = subprocess.run([sshd, "-V"], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=5)

@@ -140,7 +140,7 @@ def render_sshd_config(config: dict[str, Any], port: int, metadata_url: str) -> 
            "PATH": config["path"]}
     lines = [
         "# Written by the VM init (spotrun.providers.local_vm); paths are as seen inside the VM.",
-        "ListenAddress 127.0.0.1",
+        f"ListenAddress {config.get('listen_address', '127.0.0.1')}",
         f"Port {port}",
         f"HostKey {INSIDE / 'ssh_host_ed25519_key'}",
         f"AuthorizedKeysFile {INSIDE / 'authorized_keys'}",
@@ -162,15 +162,15 @@ def render_sshd_config(config: dict[str, Any], port: int, metadata_url: str) -> 
     return "\n".join(lines) + "\n"
 
 
-def _reserve_port() -> socket.socket:
-    """A bound, not listening, SO_REUSEADDR socket on a free loopback port.
+def _reserve_port(port: int = 0) -> socket.socket:
+    """A bound, not listening, SO_REUSEADDR socket on a free loopback port (or on `port`).
 
     Holding it until sshd listens keeps other port-0 binds (other VMs starting in parallel) off
     the port, while sshd (which also sets SO_REUSEADDR) can still bind it.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     return sock
 
 
@@ -199,7 +199,7 @@ def _wait_sshd(proc: subprocess.Popen[bytes], port: int, timeout: float) -> bool
 def start_sshd(files: VmFiles, config: dict[str, Any], metadata_url: str) -> tuple[subprocess.Popen[bytes], int]:
     """Start sshd on a free port, retrying when the port was taken meanwhile. Raises VmStartError."""
     for _ in range(PORT_ATTEMPTS):
-        reserved = _reserve_port()
+        reserved = _reserve_port(int(config.get("ssh_port", 0)))
         port = reserved.getsockname()[1]
         files.sshd_config.write_text(render_sshd_config(config, port, metadata_url))
         offset = files.log.stat().st_size
@@ -259,7 +259,9 @@ def run(vm_dir: Path) -> int:
     files = VmFiles(INSIDE)
     _write_state(files, pid=host_pid, phase="starting", started_at=time.time())
     identity = {"id": config["id"], "name": config["id"], "zone": config["zone"], "instance_type": config["instance_type"]}
-    metadata = MetadataServer(INSIDE, identity)
+    # A VM with its own network (tests/ec2_vms.py) serves metadata where clouds do, 169.254.169.254:80.
+    metadata = MetadataServer(INSIDE, identity, host=config.get("metadata_host", "127.0.0.1"),
+                              port=int(config.get("metadata_port", 0)))
     metadata.start()
     sshd, port = start_sshd(files, config, metadata.url)
     _write_state(files, phase="running", ssh_port=port, metadata_port=metadata.port, sshd_pid_in_vm=sshd.pid)

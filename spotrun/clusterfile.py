@@ -25,6 +25,11 @@ class ClusterFile:
     embedded: bool
     train: bool = True  # agents run the recipe's `run`; False brings up nodes and agents only
     created_at: float = field(default_factory=time.time)
+    # What agents on the VMs dial, when it differs from `endpoints` (on a head VM: its private IP).
+    agent_endpoints: list[str] | None = None
+    # Mode 'head': how to SSH to the head VM, whose etcd this machine reaches through a tunnel
+    # (spotrun.head.HeadRecord as a dict); `endpoints` is then empty.
+    head: dict | None = None
 
     @property
     def key_path(self) -> Path:

@@ -45,9 +45,18 @@ def connect_cluster(cluster: str) -> "Store":
     from spotrun import clusterfile
 
     if cluster in clusterfile.names():
-        record = clusterfile.load(cluster)
-        return connect_recipe(record.recipe(), record.endpoints)
+        return connect_record(clusterfile.load(cluster))
     return connect_default()
+
+
+def connect_record(record) -> "Store":
+    """The control plane of a cluster record: through an SSH tunnel to its head VM in mode
+    'head', else at its endpoints. Raises ControlPlaneError."""
+    if record.head:
+        from spotrun.head import connect_head
+
+        return connect_head(record)
+    return connect_recipe(record.recipe(), record.endpoints)
 
 
 def vm_tls(recipe: "Recipe") -> tuple[dict[str, bytes], dict[str, str]]:

@@ -6,12 +6,15 @@ lost etcd still leaves nothing running. Idempotent.
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from spotrun import clusterfile, log
-from spotrun.costs import close_open
+from spotrun.costs import close_open, summarize
 from spotrun.errors import ControlPlaneError
+from spotrun.paths import spotrun_home
 from spotrun.placement import providers_of
 from spotrun.providers import supports
 from spotrun.store import key
@@ -42,6 +45,8 @@ def down(cluster: str, *, purge: bool = False) -> DownResult:
     result = DownResult(cluster)
     stop_daemon(cluster)  # first, or it would replace the VMs we terminate
     recipe = record.recipe()
+    if record.head:
+        _stop_head(record, recipe, result)  # first too: its controller would replace them
     for provider in providers_of(recipe):
         ids = [inst.id for inst in provider.instances(cluster) if not inst.state.is_gone]
         provider.terminate(ids)
@@ -50,13 +55,45 @@ def down(cluster: str, *, purge: bool = False) -> DownResult:
             provider.cleanup(cluster)  # key pairs, security groups: nothing of the cluster may stay
         if purge and supports(provider, "purge"):
             provider.purge(cluster)
-    _clean_etcd(record, recipe, purge, result)
+    if not record.head:  # a head's etcd went with the head VM
+        _clean_etcd(record, recipe, purge, result)
     clusterfile.remove(cluster)
     if record.embedded and not clusterfile.names():
         from spotrun import etcd_server
 
         result.etcd_stopped = etcd_server.stop()
     return result
+
+
+def _stop_head(record, recipe, result: DownResult) -> None:
+    """Keep the head's history (events, closed ledger, cost) in a local file, then terminate the
+    head VM and wait until it is gone: with it go its etcd and its controller."""
+    from spotrun.control_plane import connect_record
+    from spotrun.head import HeadRecord, head_provider
+
+    try:
+        with connect_record(record) as store:
+            path = _archive(store, record.name)
+            result.etcd_cleaned = True
+            result.notes.append(f"events and cost ledger saved to {path}")
+    except ControlPlaneError as exc:
+        result.notes.append(f"head VM unreachable, its events and ledger are lost: {exc}")
+    head = HeadRecord(**record.head)
+    head_provider(recipe).terminate([head.id])
+    result.terminated.append(head.id)
+
+
+def _archive(store, cluster: str) -> Path:
+    """$SPOTRUN_HOME/history/<cluster>-<time>.json: events, the ledger closed now, the cost."""
+    now = time.time()
+    ledger = {node: close_open(segments, now) for node, segments in store.list_ledger(cluster).items()}
+    data = {"cluster": cluster, "at": now, "events": [asdict(e) for e in store.list_events(cluster)],
+            "ledger": {node: [asdict(s) for s in segments] for node, segments in ledger.items()},
+            "cost": summarize([s for segments in ledger.values() for s in segments], now).to_dict()}
+    path = spotrun_home() / "history" / f"{cluster}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    return path
 
 
 def _clean_etcd(record, recipe, purge: bool, result: DownResult) -> None:

@@ -175,13 +175,18 @@ class EtcdProcess:
         log_path: Path | str | None = None,
         detach: bool = False,
         binary: Path | None = None,
+        listen_host: str = "127.0.0.1",
+        advertise_host: str = "127.0.0.1",
     ) -> None:
+        """`listen_host` 0.0.0.0 serves other machines too (a head VM), which then dial
+        `advertise_host`; this process always checks health through loopback."""
         self.data_dir = Path(data_dir)
         self.client_port = client_port
         self.peer_port = peer_port
         self.name = name
         self.log_path = Path(log_path) if log_path else self.data_dir.parent / f"{self.data_dir.name}.log"
         self.detach = detach
+        self.listen_host, self.advertise_host = listen_host, advertise_host
         self._binary = binary
         self.version = ""
         self.proc: subprocess.Popen[bytes] | None = None
@@ -241,11 +246,12 @@ class EtcdProcess:
         return self.info()
 
     def _argv(self) -> list[str]:
-        client = self.endpoint
+        listen = f"http://{self.listen_host}:{self.client_port}"
+        advertise = f"http://{self.advertise_host}:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         return [
             str(self._binary), "--name", self.name, "--data-dir", str(self.data_dir),
-            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-client-urls", listen, "--advertise-client-urls", advertise,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"{self.name}={peer}", "--initial-cluster-state", "new",
             "--initial-cluster-token", f"spotrun-{self.name}", "--logger", "zap",

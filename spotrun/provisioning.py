@@ -22,6 +22,7 @@ from spotrun.bootstrap import BootstrapPlan, bootstrap_all
 from spotrun.clusterfile import ClusterFile
 from spotrun.control_plane import vm_tls
 from spotrun.errors import BootstrapError, CapacityError, ProviderError
+from spotrun.head import is_head
 from spotrun.keys import ensure_keypair
 from spotrun.paths import cluster_dir
 from spotrun.placement import Placement, placements, providers_of
@@ -64,8 +65,10 @@ class Provisioner:
 
     # -- observation ----------------------------------------------------------------------------
     def instances(self) -> list:
-        """Every instance of the cluster in any state, fresh from each of the recipe's providers."""
-        return [inst for provider in providers_of(self.recipe) for inst in provider.instances(self.cluster)]
+        """Every worker instance of the cluster in any state, fresh from each of the recipe's
+        providers (a head VM holds the control plane, not a node)."""
+        return [inst for provider in providers_of(self.recipe) for inst in provider.instances(self.cluster)
+                if not is_head(inst)]
 
     def live(self) -> list:
         return [inst for inst in self.instances() if not inst.state.is_gone]
@@ -171,7 +174,7 @@ class Provisioner:
             argv.append("--train")
         if inst.extra.get("shared_dir"):
             argv += ["--checkpoint-root", inst.extra["shared_dir"]]
-        for endpoint in self.record.endpoints:
+        for endpoint in self.record.agent_endpoints or self.record.endpoints:
             argv += ["--etcd", endpoint]
         if inst.extra.get("notice_protocol"):
             argv += ["--notice-protocol", inst.extra["notice_protocol"]]

@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 PROVIDERS = ("local", "aws", "gcp", "azure")
-CONTROL_PLANE_MODES = ("embedded", "external")
+CONTROL_PLANE_MODES = ("embedded", "external", "head")
 NAME_MAX = 40
 
 Provider = Literal["local", "aws", "gcp", "azure"]
@@ -338,12 +338,28 @@ def _endpoint(value: Any) -> Any:
 Endpoint = Annotated[str, BeforeValidator(_endpoint)]
 
 
-class ControlPlane(_Model):
-    """Where etcd and the controller live: embedded on this machine, or an existing etcd."""
+class Head(_Model):
+    """The small on-demand VM that holds etcd and the controller in mode 'head'. `provider`
+    defaults to the first resource candidate's; `zone` to that provider's cheapest offer."""
 
-    mode: Literal["embedded", "external"] = "embedded"
+    instance_type: NonEmptyStr
+    provider: Optional[Provider] = None
+    zone: Optional[str] = None
+
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _provider(cls, value: Any) -> Any:
+        return None if value is None else _choice(value, PROVIDERS, "provider")
+
+
+class ControlPlane(_Model):
+    """Where etcd and the controller live: embedded on this machine, an existing etcd
+    (external), or a head VM that spotrun starts next to the workers (head)."""
+
+    mode: Literal["embedded", "external", "head"] = "embedded"
     endpoints: tuple[Endpoint, ...] = ()
     tls: Optional[TLS] = None
+    head: Optional[Head] = None
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -356,8 +372,14 @@ class ControlPlane(_Model):
             raise _fail("mode 'external' needs at least one endpoint", "add endpoints: [etcd-host:2379]", ("mode",))
         if self.mode == "embedded" and self.endpoints:
             raise _fail("endpoints are only used with mode 'external'", "set mode: external, or remove endpoints", ("endpoints",))
-        if self.mode == "embedded" and self.tls is not None:
+        if self.mode != "external" and self.tls is not None:
             raise _fail("tls is only used with mode 'external'", "set mode: external, or remove tls", ("tls",))
+        if self.mode == "head" and self.endpoints:
+            raise _fail("endpoints are only used with mode 'external'", "mode 'head' starts its own etcd; remove endpoints", ("endpoints",))
+        if self.mode == "head" and self.head is None:
+            raise _fail("mode 'head' needs a head VM", "add head: {instance_type: t3.small}", ("mode",))
+        if self.mode != "head" and self.head is not None:
+            raise _fail("head is only used with mode 'head'", "set mode: head, or remove head", ("head",))
         return self
 
 
@@ -466,6 +488,14 @@ class Recipe(_Model):
                     "nodes are numbered from 0",
                     ("chaos", "preempt", index, "node"),
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _head_on_a_cloud(self) -> Recipe:
+        head = self.control_plane.head
+        if head is not None and (head.provider or self.resources[0].provider) == "local":
+            raise _fail("the head VM must be on a cloud provider",
+                        "local clusters keep etcd on this machine: use mode embedded", ("control_plane", "head"))
         return self
 
     @property

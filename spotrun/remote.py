@@ -137,6 +137,11 @@ class Session:
         if on_line:
             on_line(line)
 
+    def forward(self, remote_host: str, remote_port: int) -> "Tunnel":
+        """A local loopback port that reaches `remote_host:remote_port` as seen from the VM;
+        it lives until the tunnel or this session is closed."""
+        return Tunnel(self, remote_host, remote_port)
+
     def check(self, command: str, *, what: str, **kwargs) -> CommandResult:
         """`run`, raising BootstrapError with the output tail when the exit status is not 0."""
         result = self.run(command, **kwargs)
@@ -149,6 +154,69 @@ class Session:
         """Copy `local_dir` into `remote_dir` (created) as one tar stream over the exec channel."""
         blob = tar_tree(local_dir, exclude)
         self.check(f"mkdir -p {remote_dir} && tar -xzf - -C {remote_dir}", what="upload", stdin=blob)
+
+
+class Tunnel:
+    """SSH local port forwarding (`ssh -L`) inside this process: a listener on 127.0.0.1 whose
+    connections are carried over the session's transport as direct-tcpip channels. Closing it
+    closes the session too."""
+
+    def __init__(self, session: Session, remote_host: str, remote_port: int) -> None:
+        import threading
+
+        self.session, self.remote = session, (remote_host, remote_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, name=f"tunnel-{self.port}", daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._closed.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                return
+            try:
+                channel = self.session._client.get_transport().open_channel(
+                    "direct-tcpip", self.remote, peer, timeout=self.session._timeouts.connect)
+            except Exception as exc:  # the VM refused or the transport died: drop this connection only
+                _log.debug("tunnel channel failed", extra=log.kv(remote=f"{self.remote[0]}:{self.remote[1]}", error=exc))
+                conn.close()
+                continue
+            threading.Thread(target=_pump, args=(conn, channel), daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        self.session.close()
+
+    def __enter__(self) -> "Tunnel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _pump(conn: socket.socket, channel) -> None:
+    """Copy bytes both ways between a local socket and an SSH channel until either side closes."""
+    import select
+
+    try:
+        while True:
+            ready, _, _ = select.select([conn, channel], [], [], 30.0)
+            for source, sink in ((conn, channel), (channel, conn)):
+                if source in ready:
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    sink.sendall(data)
+    except OSError:
+        return
+    finally:
+        channel.close()
+        conn.close()
 
 
 def tar_tree(local_dir: Path, exclude: Iterable[str] = ()) -> bytes:

@@ -199,6 +199,7 @@ class Store:
         self.timeout = timeout
         self._owned: list[WatchHandle | LeaseKeeper] = []
         self._owned_lock = threading.Lock()
+        self._on_close: list[Callable[[], None]] = []
 
     def _error(self, exc: BaseException) -> ControlPlaneError:
         return ControlPlaneError(f"etcd at {','.join(self.endpoints)}: {_describe(exc)}", hint=_HINT)
@@ -487,6 +488,13 @@ class Store:
         for item in owned:
             item.stop()
         self._client.close()
+        for callback in self._on_close:
+            callback()
+        self._on_close.clear()
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run `callback` after close() (e.g. tear down the SSH tunnel this store talks through)."""
+        self._on_close.append(callback)
 
     def __enter__(self) -> Store:
         return self

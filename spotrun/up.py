@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spotrun import clusterfile, log
@@ -39,6 +39,8 @@ def up(recipe_path: Path, *, train: bool = True, ssh_timeouts: SshTimeouts = Ssh
     is alive; with `train` the agents then start the recipe's `run` under the elastic launcher.
     Raises RecipeError, ControlPlaneError, ProviderError or BootstrapError."""
     recipe = load_recipe(recipe_path)
+    if recipe.control_plane.mode == "head":
+        return _up_head(recipe, train, ssh_timeouts, reporter_factory)
     endpoints, embedded = endpoints_for(recipe)
     store = connect_recipe(recipe, endpoints)
     new_cluster = recipe.name not in clusterfile.names()
@@ -60,6 +62,26 @@ def up(recipe_path: Path, *, train: bool = True, ssh_timeouts: SshTimeouts = Ssh
 
     start_daemon(recipe.name)  # from here on it keeps the cluster at its target
     return result
+
+
+def _up_head(recipe: Recipe, train: bool, ssh_timeouts: SshTimeouts, reporter_factory) -> UpResult:
+    """Mode 'head': the head VM's controller launches the workers (see spotrun.head)."""
+    from spotrun.head import up_head
+
+    new_cluster = recipe.name not in clusterfile.names()
+    record = (ClusterFile(recipe.name, recipe.to_json(), [], False, train) if new_cluster
+              else replace(clusterfile.load(recipe.name), recipe_json=recipe.to_json(), train=train))
+    record.save()
+    try:
+        record, alive = up_head(recipe, record, ssh_timeouts=ssh_timeouts, reporter_factory=reporter_factory)
+    except SpotrunError:
+        if new_cluster:
+            _log.warning("first up failed; removing the half-built cluster", extra=log.kv(cluster=recipe.name))
+            from spotrun.down import down
+
+            down(recipe.name)
+        raise
+    return UpResult(recipe.name, [], [], alive)
 
 
 def _reconcile(recipe: Recipe, record: ClusterFile, store: Store, ssh_timeouts: SshTimeouts,
