@@ -122,19 +122,18 @@ def status(
     json_out: Annotated[bool, typer.Option("--json", help="Print status as JSON on stdout.")] = False,
 ) -> None:
     """Clusters, nodes (provider, zone, type, state, uptime, $/h) and costs. Reads etcd only."""
-    from spotrun import console, etcd_server
-    from spotrun.control_plane import connect_cluster, connect_default
+    from spotrun import console
+    from spotrun.control_plane import connect_cluster
     from spotrun.errors import NotFoundError
-    from spotrun.status import cluster_status, render
+    from spotrun.status import all_statuses, cluster_status, render
 
-    if cluster is None and etcd_server.status() is None:
-        console.print_json([]) if json_out else console.out.print("no clusters (the embedded etcd is stopped)")
-        return
-    with (connect_cluster(cluster) if cluster else connect_default()) as store:
-        names = [cluster] if cluster else store.list_clusters()
-        if cluster and cluster not in store.list_clusters():
-            raise NotFoundError(f"no cluster named {cluster!r} in etcd", hint="see `spotrun status`")
-        statuses = [cluster_status(store, name) for name in names]
+    if cluster is None:
+        statuses = all_statuses()
+    else:
+        with connect_cluster(cluster) as store:
+            if cluster not in store.list_clusters():
+                raise NotFoundError(f"no cluster named {cluster!r} in etcd", hint="see `spotrun status`")
+            statuses = [cluster_status(store, cluster)]
     if json_out:
         console.print_json(statuses if cluster is None else statuses[0])
     elif statuses:

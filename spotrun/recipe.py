@@ -491,11 +491,16 @@ class Recipe(_Model):
         return self
 
     @model_validator(mode="after")
-    def _head_on_a_cloud(self) -> Recipe:
+    def _control_plane_reachable(self) -> Recipe:
         head = self.control_plane.head
         if head is not None and (head.provider or self.resources[0].provider) == "local":
             raise _fail("the head VM must be on a cloud provider",
                         "local clusters keep etcd on this machine: use mode embedded", ("control_plane", "head"))
+        clouds = sorted(self.providers - {"local"})
+        if self.control_plane.mode == "embedded" and clouds:
+            raise _fail(f"{clouds[0]} VMs cannot reach the embedded etcd, which listens on this machine's loopback",
+                        "add control_plane: {mode: head, head: {instance_type: t3.small}}, or mode external",
+                        ("resources",))
         return self
 
     @property

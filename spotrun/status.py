@@ -40,6 +40,31 @@ def cluster_status(store: Store, cluster: str, now: float | None = None) -> dict
     }
 
 
+def all_statuses() -> list[dict[str, Any]]:
+    """Every cluster: those in the embedded etcd, and those of this machine whose control plane
+    is elsewhere (an external etcd, a head VM). One that cannot be reached is listed with its
+    error instead of failing the rest."""
+    from spotrun import clusterfile, etcd_server
+    from spotrun.control_plane import connect_default, connect_record
+    from spotrun.errors import ControlPlaneError
+
+    statuses: list[dict[str, Any]] = []
+    if etcd_server.status() is not None:
+        with connect_default() as store:
+            statuses += [cluster_status(store, name) for name in store.list_clusters()]
+    seen = {s["cluster"] for s in statuses}
+    for name in clusterfile.names():
+        record = clusterfile.load(name)
+        if name in seen or record.embedded:
+            continue
+        try:
+            with connect_record(record) as store:
+                statuses.append(cluster_status(store, name))
+        except ControlPlaneError as exc:
+            statuses.append({"cluster": name, "error": str(exc)})
+    return statuses
+
+
 def render(statuses: list[dict[str, Any]]) -> None:
     """Tables on stdout, one per cluster."""
     from rich import box
@@ -48,6 +73,9 @@ def render(statuses: list[dict[str, Any]]) -> None:
     from spotrun import console
 
     for status in statuses:
+        if "error" in status:
+            console.out.print(f"{status['cluster']}: unreachable: {status['error']}", markup=False)
+            continue
         costs = status["costs"]
         table = Table(box=box.SIMPLE_HEAD, title=f"{status['cluster']}: {status['alive']} alive / target {status['target']}",
                       title_justify="left")

@@ -562,3 +562,20 @@ def test_quickstart_train_script_runs_under_torchrun(tmp_path: Path) -> None:
     assert [line.split()[1] for line in steps] == ["10", "20"]
     assert all(line.split()[2:4] == ["world", "2"] for line in steps)
     assert (tmp_path / "checkpoints" / "step-000000020" / "manifest.json").is_file(), "final checkpoint missing"
+
+
+def test_head_control_plane_rules(tmp_path: Path) -> None:
+    assert problems(tmp_path, GOOD + "control_plane:\n  mode: head\n") == [
+        "F:10:9: control_plane.mode: mode 'head' needs a head VM (add head: {instance_type: t3.small})"
+    ]
+    assert problems(tmp_path, GOOD + "control_plane:\n  head: {instance_type: t3.small}\n") == [
+        "F:10:3: control_plane.head: head is only used with mode 'head' (set mode: head, or remove head)"
+    ]
+    # On the local provider the head would be this machine: refused, with the way out.
+    assert problems(tmp_path, GOOD + "control_plane:\n  mode: head\n  head: {instance_type: t3.small}\n") == [
+        "F:11:3: control_plane.head: the head VM must be on a cloud provider "
+        "(local clusters keep etcd on this machine: use mode embedded)"
+    ]
+    cloud = GOOD.replace("provider: local", "provider: aws")
+    recipe_text = cloud + "control_plane:\n  mode: head\n  head: {instance_type: t3.small, provider: aws}\n"
+    assert problems(tmp_path, recipe_text) == []
