@@ -27,12 +27,24 @@ service-account JSON key); project from `project=`, $SPOTRUN_GCP_PROJECT,
 $GOOGLE_CLOUD_PROJECT or the key file's `project_id`; zones from `zones=`, $SPOTRUN_GCP_ZONES
 (comma-separated) or a default list; image from `image=` or $SPOTRUN_GCP_IMAGE; endpoint from
 `endpoint_url=` or $SPOTRUN_GCP_ENDPOINT_URL: both the Compute API and the OAuth2 token
-exchange go there (tests, private endpoints). The token is cached under $SPOTRUN_HOME/gcp/.
+exchange go there (tests, private endpoints). The token (scope cloud-platform) is cached under
+$SPOTRUN_HOME/gcp/.
 
-Prices come from libcloud's per-vCPU and per-GiB `preemptible` rates (gcp_api.family_price);
-families it has no rates for (the GPU families a2 and g2) are not offered yet.
+Prices: the CPU families from libcloud's per-vCPU and per-GiB `preemptible` / `on_demand` rates
+(gcp_api.family_price, static, no API call). Families libcloud has no rates for (the GPU families
+a2 and g2) are priced live from Google's Cloud Billing Catalog: every page of the Compute Engine
+service's SKUs (`GET /v1/services/6F81-5844-456A/skus?currencyCode=USD`, following
+`nextPageToken`), fetched with the same bearer token through a libcloud connection that shares
+the GCE driver's OAuth2 credential (_billing_connection). A type costs vCPUs x its family's
+"Instance Core" rate + GiB x "Instance Ram" rate + GPUs x the GPU's rate, Spot from the
+Preemptible SKUs (gcp_api.parse_billing_skus, catalog_price). The parsed rates are cached under
+$SPOTRUN_HOME/cache/prices/ for `price_ttl_s` (default a day), and `price_age` gives their age
+to `spotrun prices`. The endpoint is `billing_endpoint_url=`, $SPOTRUN_GCP_BILLING_ENDPOINT_URL,
+else the Compute endpoint override, else https://cloudbilling.googleapis.com (the project needs
+the Cloud Billing API enabled). When the catalog cannot be read, offers() logs a warning and
+offers the CPU types only; the failure is not cached.
 
-Tested against a local HTTP server replaying recorded Compute API responses
+Tested against a local HTTP server replaying recorded Compute API and Billing Catalog responses
 (tests/test_gcp_provider.py), through the real OAuth2 and HTTP path; never against GCP itself.
 """
 
@@ -62,7 +74,12 @@ _log = log.get("providers.gcp")
 DEFAULT_ZONES = ("us-central1-a", "us-central1-b", "us-central1-f", "us-east4-a", "us-west2-a", "europe-west4-a")
 DEFAULT_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
 METADATA_URL = "http://metadata.google.internal"
-COMPUTE_SCOPES = ["https://www.googleapis.com/auth/compute"]
+# cloud-platform covers the Compute API and the Cloud Billing Catalog (one token for both).
+COMPUTE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+BILLING_ENDPOINT = "https://cloudbilling.googleapis.com"
+BILLING_TIMEOUT_S = 60.0
+BILLING_MAX_PAGES = 100
+
 # Error codes (operation errors and API error reasons) that mean "no capacity or quota here now".
 CAPACITY_CODES = frozenset({
     "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_POOL_EXHAUSTED",
@@ -117,12 +134,19 @@ class GcpProvider:
     def __init__(self, project: str | None = None, *, zones: Sequence[str] | None = None,
                  credentials_file: str | None = None, endpoint_url: str | None = None, image: str | None = None,
                  ssh_user: str = "ubuntu", ssh_cidr: str = "0.0.0.0/0", network: str = "global/networks/default",
-                 disk_gb: int = 200, launch_timeout: float = 300.0, poll_s: float = 2.0) -> None:
+                 disk_gb: int = 200, launch_timeout: float = 300.0, poll_s: float = 2.0,
+                 billing_endpoint_url: str | None = None, price_ttl_s: float = 86400.0) -> None:
+        """`price_ttl_s`: the Billing Catalog's parsed rates are reused for this long."""
         env_zones = [z.strip() for z in os.environ.get("SPOTRUN_GCP_ZONES", "").split(",") if z.strip()]
         self.zones = list(zones or env_zones or DEFAULT_ZONES)
         self.credentials_file = credentials_file
         self._project = project or os.environ.get("SPOTRUN_GCP_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT")
         self.endpoint_url = endpoint_url or os.environ.get("SPOTRUN_GCP_ENDPOINT_URL") or None
+        self.billing_endpoint_url = (billing_endpoint_url or os.environ.get("SPOTRUN_GCP_BILLING_ENDPOINT_URL")
+                                     or self.endpoint_url or BILLING_ENDPOINT)
+        self.price_ttl_s = price_ttl_s
+        self._catalog_fetched_at: float | None = None
+        self._catalog_priced: set[tuple[str, str]] = set()   # (region, type) priced from the catalog
         self.image = image or os.environ.get("SPOTRUN_GCP_IMAGE") or DEFAULT_IMAGE
         self.ssh_user, self.ssh_cidr, self.network, self.disk_gb = ssh_user, ssh_cidr, network, disk_gb
         self.launch_timeout, self.poll_s = launch_timeout, poll_s
@@ -130,22 +154,39 @@ class GcpProvider:
 
     # -- protocol -----------------------------------------------------------------------------
     def offers(self) -> list[Offer]:
-        """A spot and an on-demand offer per machine type and zone that libcloud has rates for.
-        No API call (static published rates), but like every cloud provider it raises
-        ProviderError without credentials, so `spotrun prices` lists only launchable clouds."""
+        """A spot and an on-demand offer per machine type and zone with a price: libcloud's
+        static rates, else (GPU families) the Billing Catalog's, read once per `price_ttl_s`.
+        Without the catalog (any error: logged as a warning) only the libcloud-priced types are
+        offered. Like every cloud provider it raises ProviderError without credentials, so
+        `spotrun prices` lists only launchable clouds."""
         service_account(self.credentials_file)
-        found = []
+        found: list[Offer] = []
+        catalog: dict[str, Any] | None = None
+        priced: set[tuple[str, str]] = set()
         for zone in self.zones:
             region = zone.rsplit("-", 1)[0]
             for machine_type, (cpus, _, gpus, gpu_name) in gcp_api.MACHINE_TYPES.items():
                 prices = gcp_api.family_price(machine_type, region)
                 if prices is None:
-                    continue
+                    if catalog is None:
+                        catalog = self._catalog_rates() or {}    # {}: failed, not retried in this call
+                    prices = gcp_api.catalog_price(machine_type, region, catalog)
+                    if prices is None:
+                        continue
+                    priced.add((region, machine_type))
                 for spot in (True, False):
                     found.append(Offer(provider=self.name, region=region, zone=zone, instance_type=machine_type,
                                        cpus=cpus, gpus=gpus, gpu_name=gpu_name, spot_price=prices[0],
                                        on_demand_price=prices[1], spot=spot))
+        self._catalog_priced = priced
         return found
+
+    def price_age(self, offer: Offer) -> float | None:
+        """Seconds since the Billing Catalog prices of `offer` were fetched; None for types priced
+        from libcloud's static rates (and before offers())."""
+        if self._catalog_fetched_at is None or (offer.region, offer.instance_type) not in self._catalog_priced:
+            return None
+        return max(0.0, time.time() - self._catalog_fetched_at)
 
     def launch(self, spec: LaunchSpec) -> list[str]:
         """Create the missing VMs of `spec` (Spot unless `spec.offer.spot` is False) and the
@@ -212,6 +253,57 @@ class GcpProvider:
             self._call("DELETE", f"/global/firewalls/{tag}-{suffix}", wait=True, ignore_missing=True)
 
     # -- internals ----------------------------------------------------------------------------
+    def _catalog_rates(self) -> dict[str, Any] | None:
+        """gcp_api.parse_billing_skus' rates of every Billing Catalog page, cached `price_ttl_s`
+        per endpoint (price_cache); None, with a warning, when they cannot be read."""
+        from spotrun.providers.price_cache import cached
+
+        def fetch() -> dict[str, Any]:
+            rates: dict[str, Any] = {}
+            params = {"currencyCode": "USD"}
+            for _ in range(BILLING_MAX_PAGES):
+                page = self._billing_get(params)
+                gcp_api.parse_billing_skus(page.get("skus"), rates)
+                if not page.get("nextPageToken"):
+                    break
+                params = {**params, "pageToken": str(page["nextPageToken"])}
+            else:
+                raise ProviderError(f"the Cloud Billing Catalog has more than {BILLING_MAX_PAGES} pages of SKUs")
+            if not rates:
+                raise ProviderError("the Cloud Billing Catalog listed no Compute Engine core, RAM or GPU SKUs")
+            return rates
+
+        where = hashlib.sha256(self.billing_endpoint_url.encode()).hexdigest()[:8]
+        try:
+            rates, fetched_at = cached(f"gcp-billing-v1-{where}", self.price_ttl_s, fetch)
+        except (ProviderError, OSError) as exc:
+            _log.warning("GCP GPU machine types not offered: no Cloud Billing Catalog prices",
+                         extra=log.kv(error=str(exc).replace("\n", " ")[:300]))
+            return None
+        self._catalog_fetched_at = fetched_at
+        return rates
+
+    def _billing_get(self, params: Mapping[str, str]) -> dict[str, Any]:
+        """One page of the Compute Engine SKUs; raises ProviderError."""
+        from libcloud.common.google import GoogleBaseError
+
+        path = f"/v1/services/{gcp_api.COMPUTE_SERVICE_ID}/skus"
+        connection = getattr(self._local, "billing", None)
+        if connection is None:
+            connection = _billing_connection(self._driver().connection, self.billing_endpoint_url, BILLING_TIMEOUT_S)
+            self._local.billing = connection
+        try:
+            page = connection.request(path, method="GET", params=dict(params)).object
+        except GoogleBaseError as exc:
+            raise ProviderError(f"Cloud Billing GET {path} failed: {exc.code or exc.http_code}: {_describe(exc)}",
+                                hint="enable the Cloud Billing API in the project") from exc
+        except Exception as exc:   # transport errors
+            raise ProviderError(f"Cloud Billing GET {path} failed: cannot talk to {self.billing_endpoint_url}: "
+                                f"{_describe(exc)}") from exc
+        if not isinstance(page, dict):
+            raise ProviderError(f"Cloud Billing GET {path} answered {type(page).__name__}, not a JSON object")
+        return page
+
     def _ensure_firewalls(self, cluster: str) -> None:
         tag = network_tag(cluster)
         rules = [
@@ -306,7 +398,8 @@ class GcpProvider:
 
             account = service_account(self.credentials_file)
             token_dir = spotrun_home() / "gcp"
-            where = hashlib.sha256((self.endpoint_url or "google").encode()).hexdigest()[:8]
+            # The scopes are part of the name: a token cached for other scopes is not reused.
+            where = hashlib.sha256(" ".join([self.endpoint_url or "google", *COMPUTE_SCOPES]).encode()).hexdigest()[:8]
             token_dir.mkdir(parents=True, exist_ok=True)
             try:
                 driver = SpotrunGCEDriver(account["client_email"], account["private_key"], project=self.project,
@@ -349,6 +442,25 @@ class GcpProvider:
         except Exception as exc:   # transport errors, operation timeouts
             where = self.endpoint_url or "the Compute Engine API"
             raise ProviderError(f"GCE {method} {path} failed: cannot talk to {where}: {_describe(exc)}") from exc
+
+
+def _billing_connection(compute: Any, endpoint_url: str, timeout: float) -> Any:
+    """A libcloud Google connection to the Cloud Billing API at `endpoint_url` that shares the
+    OAuth2 credential of `compute` (a GCE driver's connection): the same bearer token, refreshed
+    through the same token exchange, and libcloud's Google error handling (GoogleBaseError).
+    Like the driver it belongs to one thread."""
+    from libcloud.common.base import ConnectionUserAndKey
+    from libcloud.common.google import GoogleBaseConnection
+
+    class BillingConnection(GoogleBaseConnection):
+        def __init__(self) -> None:
+            host, port, secure = endpoint_parts(endpoint_url)
+            # Not GoogleBaseConnection.__init__: it would build a second credential (and token).
+            ConnectionUserAndKey.__init__(self, compute.user_id, compute.key, secure=secure, host=host, port=port,
+                                          timeout=timeout)
+            self.oauth2_credential = compute.oauth2_credential
+
+    return BillingConnection()
 
 
 def _meta(item: Mapping[str, Any]) -> dict[str, str]:

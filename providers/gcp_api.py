@@ -6,8 +6,11 @@ libcloud 3.9.1's GCE driver only knows the legacy `scheduling.preemptible`; a Sp
 Preemption is read from the zone's operations (`operationType: compute.instances.preempted`),
 because a Spot VM with termination action DELETE disappears from `instances.list`.
 
-Tested against recorded, real-shaped JSON only (tests/data/gcp/); no GCP provider class that
-calls the API exists yet (see the report of issue 6).
+Prices: libcloud's static per-vCPU/per-GiB rates (family_price) for the CPU families, and the
+Cloud Billing Catalog's Compute Engine SKUs (parse_billing_skus, catalog_price) for the GPU
+families, whose machine types are priced from their family's core, RAM and GPU SKUs.
+
+Tested against recorded, real-shaped JSON only (tests/data/gcp/); providers/gcp.py makes the calls.
 """
 
 from __future__ import annotations
@@ -29,8 +32,20 @@ MACHINE_TYPES: dict[str, tuple[int, float, int, str | None]] = {
     "n1-standard-16": (16, 60.0, 0, None), "n2-standard-8": (8, 32.0, 0, None),
     "e2-standard-4": (4, 16.0, 0, None), "c2-standard-8": (8, 32.0, 0, None),
     "a2-highgpu-1g": (12, 85.0, 1, "A100"), "a2-highgpu-8g": (96, 680.0, 8, "A100"),
-    "g2-standard-4": (4, 16.0, 1, "L4"),
+    "g2-standard-4": (4, 16.0, 1, "L4"), "g2-standard-48": (48, 192.0, 4, "L4"),
 }
+# The Compute Engine service in Google's Cloud Billing Catalog (`services/<id>/skus`).
+COMPUTE_SERVICE_ID = "6F81-5844-456A"
+_USAGE = {"OnDemand": "on_demand", "Preemptible": "spot"}   # Spot VMs bill the Preemptible SKUs
+_SPOT_PREFIX = re.compile(r"^Spot Preemptible\s+")
+# "A2 Instance Core running in Americas" / "G2 Instance Ram running in Americas" (not Custom,
+# Sole Tenancy, Commitment...; those are other words before "Instance").
+_MACHINE_SKU = re.compile(r"^(?P<family>[A-Z][A-Z0-9]*) Instance (?P<part>Core|Ram) running in ")
+# "Nvidia Tesla A100 GPU running in Americas", "Nvidia L4 GPU running in Americas"; an
+# "A100 80GB" is another GPU than an "A100".
+_GPU_SKU = re.compile(r"^Nvidia (?:Tesla )?(?P<gpu>[A-Za-z0-9]+(?: \d+GB)?) GPU "
+                      r"(?:attached to Spot Preemptible VMs )?running in ")
+_UNITS = {"core": "h", "ram": "GiBy.h", "gpu": "h"}
 
 
 def label(value: str) -> str:
@@ -132,4 +147,77 @@ def family_price(machine_type: str, region: str) -> tuple[float, float] | None:
         if not cpu:
             return None
         prices.append(round(cpus * float(cpu) + ram * float(mem), 6))
+    return prices[0], prices[1]
+
+
+def _unit_price(sku: Mapping[str, Any]) -> tuple[str, float]:
+    """(usage unit, USD per unit) of a SKU's current price: the last tier of its first pricing."""
+    expression = sku["pricingInfo"][0]["pricingExpression"]
+    price = expression["tieredRates"][-1]["unitPrice"]
+    return str(expression.get("usageUnit", "")), int(price.get("units") or 0) + int(price.get("nanos") or 0) / 1e9
+
+
+def sku_rate_key(sku: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(rate key, "spot" | "on_demand") of a Compute Engine SKU spotrun prices machines from,
+    else None. Keys: `<family>/core` and `<family>/ram` (family lowercase: "a2", "g2") and
+    `gpu/<name>` ("gpu/A100", "gpu/L4")."""
+    category = sku.get("category") or {}
+    kind = _USAGE.get(category.get("usageType", ""))
+    if category.get("resourceFamily") != "Compute" or kind is None:
+        return None
+    description = _SPOT_PREFIX.sub("", str(sku.get("description", "")).strip())
+    if category.get("resourceGroup") == "GPU":
+        found = _GPU_SKU.match(description)
+        return (f"gpu/{found['gpu']}", kind) if found else None
+    found = _MACHINE_SKU.match(description)
+    if found is None:
+        return None
+    return f"{found['family'].lower()}/{found['part'].lower()}", kind
+
+
+def parse_billing_skus(skus: Any, rates: dict[str, dict[str, dict[str, float]]] | None = None
+                       ) -> dict[str, dict[str, dict[str, float]]]:
+    """{region: {rate key: {"spot"|"on_demand": USD per hour (core, GPU) or per GiB-hour (RAM)}}}
+    from Cloud Billing Catalog SKUs (`skus` of one or more `services.skus.list` pages), added to
+    `rates`. Only Compute SKUs with usage type OnDemand or Preemptible, the expected usage unit
+    and a description sku_rate_key knows count; the rest, and malformed SKUs, are skipped. When
+    two SKUs give the same rate, the first wins."""
+    rates = {} if rates is None else rates
+    for sku in skus or []:
+        try:
+            key = sku_rate_key(sku)
+            if key is None:
+                continue
+            unit, price = _unit_price(sku)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            continue
+        part = "gpu" if key[0].startswith("gpu/") else key[0].rsplit("/", 1)[1]
+        if unit != _UNITS[part]:
+            continue
+        for region in sku.get("serviceRegions") or []:
+            rates.setdefault(region, {}).setdefault(key[0], {}).setdefault(key[1], price)
+    return rates
+
+
+def catalog_price(machine_type: str, region: str, rates: Mapping[str, Mapping[str, Mapping[str, float]]]
+                  ) -> tuple[float, float] | None:
+    """(spot, on-demand) $/h of `machine_type` in `region` from parse_billing_skus' `rates`:
+    vCPUs x core rate + GiB x RAM rate + GPUs x GPU rate of its family; None when a rate is
+    missing (an unknown type, a region without the family or GPU)."""
+    shape = MACHINE_TYPES.get(machine_type)
+    here = rates.get(region)
+    if shape is None or here is None:
+        return None
+    cpus, ram, gpus, gpu_name = shape
+    family = machine_type.split("-", 1)[0]
+    parts = [(cpus, f"{family}/core"), (ram, f"{family}/ram")] + ([(gpus, f"gpu/{gpu_name}")] if gpus else [])
+    prices = []
+    for kind in ("spot", "on_demand"):
+        total = 0.0
+        for count, key in parts:
+            rate = here.get(key, {}).get(kind)
+            if rate is None:
+                return None
+            total += count * rate
+        prices.append(round(total, 6))
     return prices[0], prices[1]

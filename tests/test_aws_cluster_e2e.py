@@ -148,7 +148,7 @@ def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves
     down = _cli("down", name)
     assert down.returncode == 0, down.stderr
     assert _cluster_instances(backend, name) == []
-    assert not [k for k in backend.key_pairs.values() if k.name.startswith(f"spotrun-{name}-")]
+    assert not [k for k in backend.key_pairs if k.startswith(f"spotrun-{name}-")]
     assert not [g for g in backend.describe_security_groups() if g.name == f"spotrun-{name}"]
     history = json.loads(next((tmp_path / "home" / "history").glob(f"{name}-*.json")).read_text())
     assert heads[0].id in history["ledger"] and history["cost"]["total"] > 0

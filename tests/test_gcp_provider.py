@@ -2,9 +2,11 @@
 
 No GCE server exists to run locally, so `FakeCompute` answers on 127.0.0.1 with responses shaped
 like the recorded ones in tests/data/gcp/ (instances, operations, errors), keeping the VMs the
-provider inserted so later lists show them. Nothing in the provider is bypassed: libcloud signs a
-real service-account JWT with the test's RSA key, the server verifies it and hands out a bearer
-token, and every Compute call must carry it.
+provider inserted so later lists show them; `FakeBilling` serves the two recorded pages of the
+Cloud Billing Catalog's Compute Engine SKUs (billing_skus_page*.json) on the same server.
+Nothing in the provider is bypassed: libcloud signs a real service-account JWT with the test's
+RSA key, the server verifies it and hands out a bearer token, and every Compute and Billing call
+must carry it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import base64
 import copy
 import itertools
 import json
+import logging
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from spotrun.errors import CapacityError, ProviderError  # noqa: E402
 from spotrun.providers import InstanceState, LaunchSpec, Offer, get_provider, supports  # noqa: E402
 from spotrun.providers.gcp import GcpProvider, network_tag  # noqa: E402
 from spotrun.providers.gcp_api import instance_name  # noqa: E402
+from spotrun.prices import list_prices  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "gcp"
 PROJECT = "demo-project"
@@ -36,6 +41,8 @@ LINK = f"https://www.googleapis.com{BASE}"
 CLIENT = "spotrun@demo-project.iam.gserviceaccount.com"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0eHhYV3Nm1v0dYh3sCq0nB0u2mM8gqf0XoYlL3b1F me@laptop"
 TOKEN = "ya29.test-token"
+SKUS = "/v1/services/6F81-5844-456A/skus"
+GPU_TYPES = {"a2-highgpu-1g", "a2-highgpu-8g", "g2-standard-4", "g2-standard-48"}
 
 
 def _b64json(part: str) -> Any:
@@ -83,7 +90,7 @@ class FakeCompute:
         self.public_key.verify(base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4)),
                                f"{header}.{claims}".encode(), PKCS1v15(), SHA256())
         claim = _b64json(claims)
-        assert claim["iss"] == CLIENT and "auth/compute" in claim["scope"]
+        assert claim["iss"] == CLIENT and claim["scope"] == "https://www.googleapis.com/auth/cloud-platform"
         self.tokens_issued += 1
         return 200, {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
 
@@ -209,6 +216,31 @@ class FakeCompute:
         return 200, self._op("delete", f"global/firewalls/{name}", None)
 
 
+class FakeBilling:
+    """The Cloud Billing Catalog's `services.skus.list` for Compute Engine: the recorded pages,
+    chained by their `nextPageToken`; `failure` answers every request with (status, body)."""
+
+    def __init__(self, server: ReplayServer) -> None:
+        self.server = server
+        self.pages = [json.loads((DATA / f"billing_skus_page{n}.json").read_text()) for n in (1, 2)]
+        self.failure: tuple[int, Any] | None = None
+        server.route("GET", SKUS, self.skus)
+
+    def skus(self, req: Request) -> tuple[int, Any]:
+        if req.headers.get("authorization") != f"Bearer {TOKEN}":
+            return 401, {"error": {"code": 401, "message": "Request had invalid authentication credentials.",
+                                   "status": "UNAUTHENTICATED"}}
+        if self.failure:
+            return self.failure
+        assert req.query.get("currencyCode") == "USD"
+        index = {None: 0, self.pages[0]["nextPageToken"]: 1}[req.query.get("pageToken")]
+        return 200, self.pages[index]
+
+    @property
+    def requests(self) -> list[Request]:
+        return self.server.sent("GET", SKUS)
+
+
 @pytest.fixture
 def gce(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCompute]:
     from cryptography.hazmat.primitives import serialization
@@ -227,7 +259,14 @@ def gce(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCompute
     monkeypatch.setenv("SPOTRUN_HOME", str(tmp_path / "home"))
     with replay_server() as server:
         monkeypatch.setenv("SPOTRUN_GCP_ENDPOINT_URL", server.url)
-        yield FakeCompute(server, key.public_key())
+        fake = FakeCompute(server, key.public_key())
+        fake.billing = FakeBilling(server)   # type: ignore[attr-defined]
+        yield fake
+
+
+@pytest.fixture
+def billing(gce: FakeCompute) -> FakeBilling:
+    return gce.billing   # type: ignore[attr-defined, no-any-return]
 
 
 @pytest.fixture
@@ -244,12 +283,147 @@ def _spec(cluster: str = "gcp-a100", count: int = 2, key: str = "up-0a1b2c3d4e5f
 def test_registered_cheap_and_offers_from_libcloud_rates(gce: FakeCompute) -> None:
     provider = get_provider("gcp", zones=["us-central1-a", "us-east4-a"])
     assert provider.name == "gcp" and provider.notice_protocol == "gcp" and supports(provider, "cleanup")
+    assert gce.server.requests == [], "building the provider calls nothing"
     offers = provider.offers()
     n1 = [o for o in offers if o.instance_type == "n1-standard-8" and o.spot]
     assert {o.zone for o in n1} == {"us-central1-a", "us-east4-a"}
     assert all(0 < o.spot_price < o.on_demand_price for o in n1) and n1[0].region == "us-central1"
     assert any(not o.spot for o in offers)
-    assert gce.server.requests == [], "offers need no API call"
+    assert provider.price_age(n1[0]) is None, "libcloud's rates are static"
+    # Only the token exchange and the Billing Catalog (for the GPU families) were asked.
+    assert {r.path for r in gce.server.requests} == {"/o/oauth2/token", SKUS} and gce.server.unmatched == []
+
+
+# Unit prices of the recorded Billing Catalog SKUs (us-central1 is in their serviceRegions), USD:
+# per vCPU-hour (Core), per GiB-hour (Ram), per GPU-hour.
+A2_CORE, A2_CORE_SPOT = 0.031611, 0.009483          # "A2 Instance Core", "Spot Preemptible A2 Instance Core"
+A2_RAM, A2_RAM_SPOT = 0.004237, 0.001271            # "A2 Instance Ram", "Spot Preemptible A2 Instance Ram"
+A100, A100_SPOT = 2.933908, 0.880172                # "Nvidia Tesla A100 GPU" (not the "A100 80GB" at 3.92788)
+G2_CORE, G2_CORE_SPOT = 0.024988, 0.009995
+G2_RAM, G2_RAM_SPOT = 0.002927, 0.001171
+L4, L4_SPOT = 0.560922, 0.224369
+
+
+def test_gpu_offers_priced_from_the_billing_catalog(provider: GcpProvider, gce: FakeCompute,
+                                                    billing: FakeBilling) -> None:
+    provider.zones = [ZONE, "europe-west4-a"]
+    offers = provider.offers()
+    here = {(o.instance_type, o.spot): o for o in offers if o.zone == ZONE}
+    expected = {   # (spot, on-demand) $/h = vCPUs x core + GiB x RAM + GPUs x GPU, by hand
+        "a2-highgpu-1g": (12 * A2_CORE_SPOT + 85 * A2_RAM_SPOT + 1 * A100_SPOT,        # 1.102003
+                          12 * A2_CORE + 85 * A2_RAM + 1 * A100),                      # 3.673385
+        "a2-highgpu-8g": (96 * A2_CORE_SPOT + 680 * A2_RAM_SPOT + 8 * A100_SPOT,       # 8.816024
+                          96 * A2_CORE + 680 * A2_RAM + 8 * A100),                     # 29.38708
+        "g2-standard-4": (4 * G2_CORE_SPOT + 16 * G2_RAM_SPOT + 1 * L4_SPOT,           # 0.283085
+                          4 * G2_CORE + 16 * G2_RAM + 1 * L4),                         # 0.707706
+        "g2-standard-48": (48 * G2_CORE_SPOT + 192 * G2_RAM_SPOT + 4 * L4_SPOT,        # 1.602068
+                           48 * G2_CORE + 192 * G2_RAM + 4 * L4),                      # 4.005096
+    }
+    assert expected["a2-highgpu-1g"][1] == pytest.approx(3.673385)
+    assert expected["g2-standard-48"][0] == pytest.approx(1.602068)
+    shapes = {"a2-highgpu-1g": (12, 1, "A100"), "a2-highgpu-8g": (96, 8, "A100"), "g2-standard-4": (4, 1, "L4"),
+              "g2-standard-48": (48, 4, "L4")}
+    for machine_type, (spot_price, on_demand_price) in expected.items():
+        for spot in (True, False):
+            offer = here[(machine_type, spot)]
+            assert offer.spot_price == pytest.approx(spot_price, abs=1e-6), machine_type
+            assert offer.on_demand_price == pytest.approx(on_demand_price, abs=1e-6), machine_type
+            assert (offer.cpus, offer.gpus, offer.gpu_name) == shapes[machine_type]
+            assert offer.region == "us-central1"
+            assert offer.price == pytest.approx(spot_price if spot else on_demand_price)
+            assert 0 <= provider.price_age(offer) < 60
+    # europe-west4 has only an on-demand A2 core and a Spot A100 in the catalog: no GPU offer there,
+    # but its CPU offers (libcloud) stay.
+    europe = {o.instance_type for o in offers if o.zone == "europe-west4-a"}
+    assert europe and not europe & GPU_TYPES
+    # `spotrun prices` shows the catalog's age for GCP's GPU rows, none for libcloud's static rows.
+    rows = {r.instance_type: r for r in list_prices(providers=[provider]).rows if r.zone == ZONE}
+    assert rows["a2-highgpu-1g"].age_s is not None and rows["n1-standard-8"].age_s is None
+    assert len(billing.requests) == 2 and gce.server.unmatched == []
+
+
+def test_billing_catalog_pages_are_followed_with_the_compute_token(provider: GcpProvider, gce: FakeCompute,
+                                                                  billing: FakeBilling) -> None:
+    assert {o.instance_type for o in provider.offers()} >= GPU_TYPES
+    first, second = billing.requests
+    assert first.query == {"currencyCode": "USD"}
+    assert second.query == {"currencyCode": "USD", "pageToken": billing.pages[0]["nextPageToken"]}
+    assert all(r.headers["authorization"] == f"Bearer {TOKEN}" for r in (first, second))
+    # The GPU and Spot SKUs on page 2 were needed: without it nothing GPU is priced.
+    billing.pages[0] = {**billing.pages[0], "nextPageToken": ""}
+    fresh = GcpProvider(zones=[ZONE], price_ttl_s=0)
+    assert not {o.instance_type for o in fresh.offers()} & GPU_TYPES
+    # One token exchange for the Compute API and the catalog of a provider (then the cached token).
+    assert gce.tokens_issued == 1
+    provider.instances("gcp-a100")
+    assert gce.tokens_issued == 1 and gce.server.unmatched == []
+
+
+def test_failed_billing_catalog_keeps_cpu_offers_and_drops_gpu_types(
+        provider: GcpProvider, gce: FakeCompute, billing: FakeBilling, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logging.getLogger("spotrun"), "propagate", True)
+    billing.failure = (403, {"error": {"code": 403, "status": "PERMISSION_DENIED",
+                                       "message": f"Cloud Billing API has not been used in project {PROJECT} before "
+                                                  "or it is disabled.",
+                                       "errors": [{"reason": "accessNotConfigured", "domain": "usageLimits",
+                                                   "message": "Cloud Billing API is disabled."}]}})
+    with caplog.at_level(logging.WARNING, logger="spotrun.providers.gcp"):
+        offers = provider.offers()
+    types = {o.instance_type for o in offers}
+    assert types == {"n1-standard-4", "n1-standard-8", "n1-standard-16", "n2-standard-8", "e2-standard-4",
+                     "c2-standard-8"}
+    assert not types & GPU_TYPES and all(0 < o.spot_price < o.on_demand_price for o in offers)
+    assert all(provider.price_age(o) is None for o in offers)
+    warning = [r for r in caplog.records if r.name == "spotrun.providers.gcp" and r.levelno == logging.WARNING]
+    assert len(warning) == 1 and "Cloud Billing API" in warning[0].kv["error"]
+    assert len(billing.requests) == 1, "asked once per offers() call"
+    # The failure was not cached: the next call reads the catalog again, and prices the GPU types.
+    billing.failure = None
+    assert {o.instance_type for o in provider.offers()} >= GPU_TYPES
+
+    # An unreachable catalog (its own endpoint, $SPOTRUN_GCP_BILLING_ENDPOINT_URL) is no worse.
+    monkeypatch.setenv("SPOTRUN_GCP_BILLING_ENDPOINT_URL", "http://127.0.0.1:9")
+    unreachable = GcpProvider(zones=[ZONE], poll_s=0.01)
+    assert unreachable.billing_endpoint_url == "http://127.0.0.1:9"
+    assert {o.instance_type for o in unreachable.offers()} == types
+
+
+def test_billing_endpoint_override_goes_to_its_own_server(gce: FakeCompute, monkeypatch: pytest.MonkeyPatch) -> None:
+    with replay_server() as other:
+        catalog = FakeBilling(other)
+        monkeypatch.setenv("SPOTRUN_GCP_BILLING_ENDPOINT_URL", other.url)
+        provider = GcpProvider(zones=[ZONE])
+        assert {o.instance_type for o in provider.offers()} >= GPU_TYPES
+        assert len(catalog.requests) == 2 and other.unmatched == []
+        assert gce.billing.requests == [] and gce.tokens_issued == 1   # type: ignore[attr-defined]
+    monkeypatch.delenv("SPOTRUN_GCP_BILLING_ENDPOINT_URL")
+    assert GcpProvider().billing_endpoint_url == gce.server.url          # defaults to the Compute override
+    monkeypatch.delenv("SPOTRUN_GCP_ENDPOINT_URL")
+    assert GcpProvider().billing_endpoint_url == "https://cloudbilling.googleapis.com"
+
+
+def test_billing_catalog_is_cached_within_its_ttl(provider: GcpProvider, gce: FakeCompute,
+                                                  billing: FakeBilling, tmp_path: Path) -> None:
+    first = {(o.instance_type, o.spot): o.price for o in provider.offers()}
+    assert len(billing.requests) == 2
+    # Again, and from another provider (another `spotrun` run): the cached catalog, with its age.
+    assert {(o.instance_type, o.spot): o.price for o in provider.offers()} == first
+    later = GcpProvider(zones=[ZONE])
+    again = later.offers()
+    assert {(o.instance_type, o.spot): o.price for o in again} == first
+    assert len(billing.requests) == 2, "no catalog request within the TTL"
+    entries = list((tmp_path / "home" / "cache" / "prices").glob("gcp-billing-*.json"))
+    assert len(entries) == 1
+    # An entry older than the TTL is fetched again; its age is what price_age reports.
+    entry = json.loads(entries[0].read_text())
+    entry["fetched_at"] = time.time() - 3600
+    entries[0].write_text(json.dumps(entry))
+    hourly = GcpProvider(zones=[ZONE], price_ttl_s=7200)
+    a2 = next(o for o in hourly.offers() if o.instance_type == "a2-highgpu-1g")
+    assert len(billing.requests) == 2 and 3590 < hourly.price_age(a2) < 3700
+    assert {(o.instance_type, o.spot): o.price for o in GcpProvider(zones=[ZONE], price_ttl_s=1800).offers()} == first
+    assert len(billing.requests) == 4, "expired: both pages read again"
 
 
 def test_missing_or_bad_credentials_are_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
