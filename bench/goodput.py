@@ -20,6 +20,13 @@ The schedule (`--schedule`, `AT:NOTICE[:INDEX]` entries) is in seconds after the
 step, the same for both disturbed runs; INDEX picks the victim among the live, not yet noticed
 VMs in launch order (mod their count). Victims may hold rank 0.
 
+Time is compressed: an 8 s notice stands for AWS's 2 minutes (15x). At the same scale every VM
+takes `--boot` = 8 s from launch to SSH (local VMs' `boot_s`: about 2 minutes of a real GPU VM's
+boot), for spotrun's replacements and the baseline's relaunches alike, and the default schedule
+(5 preemptions, 2 without notice, 20 s apart in a ~100 s job) is one preemption every 5 minutes:
+far harsher than any public spot trace. `--boot 0 --steps 1000 --schedule
+6:8:0,14:0:1,22:8:2,30:0:0,38:8:1` is the earlier, denser setting (instant VMs, 8 s apart).
+
 Cases (one JSON line each, bench format of the design notes):
   goodput              useful steps per wall-second relative to undisturbed: T0/T1 and T0/T_baseline
   steps recomputed     step numbers completed more than once (rank 0's log lines, all nodes)
@@ -50,7 +57,7 @@ from spotrun.bootstrap import QuietReporter  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 NODES = 3
 GOAL_GOODPUT, GOAL_RATIO = 0.9, 1.5
-DEFAULT_SCHEDULE = "6:8:0,14:0:1,22:8:2,30:0:0,38:8:1"
+DEFAULT_SCHEDULE = "10:8:0,30:0:1,50:8:2,70:0:0,90:8:1"
 
 RECIPE = """\
 name: {name}
@@ -58,6 +65,7 @@ resources:
   - provider: local
     instance_type: cpu-small
     prices: {{spot: {price}, on_demand: {on_demand}}}
+    boot_s: {boot}
 nodes: {{min: 1, max: 4, target: {nodes}}}
 workdir: work
 run: python train.py --steps {steps} --delay {delay}{plain}
@@ -181,7 +189,7 @@ class Run:
         self.recipe = tmp / f"{name}.yaml"
         self.recipe.write_text(RECIPE.format(name=name, price=args.price, on_demand=args.price * 3, nodes=NODES,
                                              steps=args.steps, delay=args.delay, plain=" --plain" if plain else "",
-                                             every=args.every, endpoint=endpoint))
+                                             every=args.every, endpoint=endpoint, boot=args.boot))
         self.endpoint = endpoint
         home = Path(os.environ["SPOTRUN_HOME"])
         self.steps = Steps(home / "local" / "shared" / name / "steps")
@@ -433,6 +441,7 @@ def report(und: Result, spot: Result | None, base: Result | None, schedule: list
     gp = lambda r: (t0 / r.wall) if (r is not None and r.wall and t0) else None  # noqa: E731
     ours, theirs = gp(spot), gp(base)
     setup = {"nodes": NODES, "steps": args.steps, "delay_s": args.delay, "periodic_every_steps": args.every,
+             "boot_s": args.boot,
              "schedule": [f"{e.at:g}s notice {e.notice:g}s" for e in schedule]}
     extra: dict = {"t_undisturbed_s": _r(t0), "t_spotrun_s": _r(spot.wall if spot else None),
                    "t_baseline_s": _r(base.wall if base else None), "goal": GOAL_GOODPUT,
@@ -475,12 +484,14 @@ def _r(value, digits: int = 2):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("spotrun", "baseline"), help="run one disturbed side only")
-    parser.add_argument("--steps", type=int, default=1000, help="training steps of every run")
+    parser.add_argument("--steps", type=int, default=2500, help="training steps of every run")
     parser.add_argument("--delay", type=float, default=0.03, help="sleep per training step (s)")
     parser.add_argument("--every", type=int, default=50, help="periodic checkpoint every N steps (all runs)")
     parser.add_argument("--schedule", default=DEFAULT_SCHEDULE, help="AT:NOTICE[:INDEX],... after the first step")
     parser.add_argument("--price", type=float, default=1.0, help="spot $/hour of one VM (on-demand: 3x)")
-    parser.add_argument("--timeout", type=float, default=150.0,
+    parser.add_argument("--boot", type=float, default=8.0,
+                        help="emulated launch-to-SSH time of every VM (s; 0: local VMs' own, under 1 s)")
+    parser.add_argument("--timeout", type=float, default=400.0,
                         help="max seconds of training per run (a disturbed run also stops at 3 x T0)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) and print its path")
     args = parser.parse_args()

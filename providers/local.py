@@ -64,7 +64,8 @@ class LocalProvider:
     def __init__(self, root: Path | None = None, prices: Mapping[str, Mapping[str, Any]] | None = None,
                  notice_protocol: NoticeProtocol = "aws", *, sshd: str | None = None,
                  sshd_extra_config: Sequence[str] = (), launch_timeout: float = 20.0) -> None:
-        """`prices`: {instance_type: {spot, on_demand, cpus, gpus[, gpu_name]}}. `sshd`: the sshd
+        """`prices`: {instance_type: {spot, on_demand, cpus, gpus[, gpu_name, boot_s]}}; `boot_s`
+        delays each VM's sshd like a cloud VM's boot (default 0). `sshd`: the sshd
         binary (absolute). `sshd_extra_config`: lines appended to every VM's sshd_config.
         `launch_timeout`: seconds a VM may take to accept SSH before it counts as failed."""
         if notice_protocol not in NOTICE_PROTOCOLS:
@@ -258,8 +259,13 @@ class LocalProvider:
             "zone": spec.offer.zone, "instance_type": spec.offer.instance_type, "login_user": self.login_user,
             "sshd": self.sshd, "sshd_extra": sshd_version_options(self.sshd) + self.sshd_extra_config,
             "path": path, "ready_timeout": self.launch_timeout, "host_public_key": host_key,
+            "boot_s": self._boot_s(spec.offer.instance_type),
             "shared_dir": str(self.shared_dir(spec.cluster)),
         })
+
+    def _boot_s(self, instance_type: str) -> float:
+        """Emulated launch-to-SSH time of this type (price table key `boot_s`, default 0)."""
+        return float(self.prices.get(instance_type, {}).get("boot_s", 0.0))
 
     def _spawn(self, files: VmFiles) -> subprocess.Popen[bytes]:
         cmd = init_command(files.root)
@@ -272,7 +278,8 @@ class LocalProvider:
 
     def _wait_ready(self, files: VmFiles, vm_id: str, proc: subprocess.Popen[bytes]) -> None:
         """Until sshd sends its banner and the metadata endpoint knows the VM. Raises VmStartError."""
-        deadline = time.monotonic() + self.launch_timeout
+        config = read_json(files.config) or {}
+        deadline = time.monotonic() + self.launch_timeout + float(config.get("boot_s") or 0.0)
         while time.monotonic() < deadline:
             state = read_json(files.state) or {}
             if state.get("phase") == "failed":

@@ -258,6 +258,9 @@ def run(vm_dir: Path) -> int:
     setup_mounts(vm_dir, Path(pwd.getpwnam(config["login_user"]).pw_dir), shared)
     files = VmFiles(INSIDE)
     _write_state(files, pid=host_pid, phase="starting", started_at=time.time())
+    if config.get("boot_s"):  # a cloud VM's launch-to-SSH time, when the recipe emulates one
+        _write_state(files, phase="booting")
+        time.sleep(float(config["boot_s"]))
     identity = {"id": config["id"], "name": config["id"], "zone": config["zone"], "instance_type": config["instance_type"]}
     # A VM with its own network (tests/ec2_vms.py) serves metadata where clouds do, 169.254.169.254:80.
     metadata = MetadataServer(INSIDE, identity, host=config.get("metadata_host", "127.0.0.1"),

@@ -23,12 +23,17 @@ class Placement:
 
 
 def provider_config(candidate: "ResourceCandidate") -> dict[str, Any]:
-    """Constructor arguments for the candidate's provider (the recipe's price table, if any)."""
-    if candidate.provider == "local" and candidate.prices is not None:
+    """Constructor arguments for the candidate's provider: for local, the recipe's price table
+    entry and emulated boot time, if any."""
+    if candidate.provider != "local" or (candidate.prices is None and candidate.boot_s is None):
+        return {}
+    from spotrun.providers.local import DEFAULT_PRICES
+
+    entry = dict(DEFAULT_PRICES.get(candidate.instance_type, {}))
+    if candidate.prices is not None:
         gpus = candidate.accelerators.count if candidate.accelerators else 0
-        return {"prices": {candidate.instance_type: {
-            "spot": candidate.prices.spot, "on_demand": candidate.prices.on_demand, "cpus": 2, "gpus": gpus}}}
-    return {}
+        entry = {"spot": candidate.prices.spot, "on_demand": candidate.prices.on_demand, "cpus": 2, "gpus": gpus}
+    return {"prices": {candidate.instance_type: {**entry, "boot_s": candidate.boot_s or 0.0}}} if entry else {}
 
 
 def provider_for(candidate: "ResourceCandidate") -> "Provider":

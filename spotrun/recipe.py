@@ -230,11 +230,19 @@ class ResourceCandidate(_Model):
     spot: StrictBool = True
     max_price: Optional[PositiveFloat] = None
     prices: Optional[Prices] = None
+    boot_s: Optional[NonNegativeFloat] = None  # local only: emulate a cloud VM's launch-to-SSH time
 
     @field_validator("provider", mode="before")
     @classmethod
     def _provider(cls, value: Any) -> Any:
         return _choice(value, PROVIDERS, "provider")
+
+    @model_validator(mode="after")
+    def _boot_s_local_only(self) -> ResourceCandidate:
+        if self.boot_s is not None and self.provider != "local":
+            raise _fail("boot_s is only for provider 'local' (it emulates a cloud VM's boot time)",
+                        "remove boot_s: real clouds take the time they take", ("boot_s",))
+        return self
 
     @model_validator(mode="after")
     def _zone_in_region(self) -> ResourceCandidate:

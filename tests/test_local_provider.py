@@ -197,6 +197,16 @@ def test_launch_is_idempotent_per_key(local_vms, cluster_key) -> None:
     assert provider.instances("other") == []
 
 
+def test_boot_s_delays_ssh_like_a_cloud_vm_boot(local_vms, cluster_key) -> None:
+    prices = {"cpu-small": {"spot": 0.1, "on_demand": 0.4, "cpus": 2, "gpus": 0, "boot_s": 1.5}}
+    provider = local_vms(prices=prices)
+    started = time.monotonic()
+    (vm,) = provider.launch(_spec(provider, cluster_key[1]))
+    took = time.monotonic() - started
+    (inst,) = provider.instances("t")
+    assert took >= 1.5 and inst.id == vm and inst.state.value == "running"
+
+
 def test_terminate_kills_every_process_of_the_vm(local_vms, cluster_key) -> None:
     pkey, pub = cluster_key
     provider = local_vms()

@@ -579,3 +579,13 @@ def test_head_control_plane_rules(tmp_path: Path) -> None:
     cloud = GOOD.replace("provider: local", "provider: aws")
     recipe_text = cloud + "control_plane:\n  mode: head\n  head: {instance_type: t3.small, provider: aws}\n"
     assert problems(tmp_path, recipe_text) == []
+
+
+def test_boot_s_is_for_the_local_provider_only(tmp_path: Path) -> None:
+    local = GOOD.replace("instance_type: cpu-small", "instance_type: cpu-small\n    boot_s: 8")
+    assert "boot_s" in local and problems(tmp_path, local) == []
+    cloud = local.replace("provider: local", "provider: aws") + "control_plane: {mode: external, endpoints: [h:1]}\n"
+    assert [p.split(": ", 1)[1] for p in problems(tmp_path, cloud)] == [
+        "resources[0].boot_s: boot_s is only for provider 'local' (it emulates a cloud VM's boot time) "
+        "(remove boot_s: real clouds take the time they take)"
+    ]

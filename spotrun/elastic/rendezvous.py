@@ -10,7 +10,7 @@ torch's `DynamicRendezvousHandler` keeps all membership logic; this module gives
 - `SpotrunRendezvousHandler`: the handler, with four speed-ups over torch's defaults:
 
   1. Liveness by lease. Each handler holds `.../rdzv/<run_id>/alive/<node>` bound to a short
-     etcd lease (about 2 s effective TTL, refreshed every ttl/3). A node in the state whose alive
+     etcd lease (1 s on spotrun's own etcd, refreshed every ttl/3; see etcd_server.ELECTION_ARGS). A node in the state whose alive
      key is gone counts as dead at the next read: its heartbeat is aged so torch's own sanitizer
      drops it (`_SpotrunStateHolder._sanitize`). torch's heartbeats still run as a second check.
   2. Watches instead of fixed polls. One etcd watch on the run prefix wakes the handler on any
@@ -46,8 +46,8 @@ torch without the expected names simply keeps torch's behaviour:
   `_cache_duration`) and `_sanitize()` (lease-dead nodes, early last call).
 
 Conf keys (`--rdzv-conf`): `cluster` (default: the run id), `node` (spotrun node id for the alive
-and waiting keys; default `<host>-<pid>`), `lease_ttl` (s, default 1: etcd rounds it up to its
-minimum, ~2 s), `coordinated_join` (default 1), plus torch's `join_timeout`, `last_call_timeout`,
+and waiting keys; default `<host>-<pid>`), `lease_ttl` (s, default 1; an etcd run with
+etcd's default election timeout rounds it up to its minimum, 2 s), `coordinated_join` (default 1), plus torch's `join_timeout`, `last_call_timeout`,
 `close_timeout`, `heartbeat_timeout`, `keep_alive_interval`, `keep_alive_max_attempt`.
 
 Creating a handler sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` in this process: torch's shared
