@@ -94,7 +94,9 @@ def up(
 
     Starts the embedded etcd when needed, launches only missing VMs on the cheapest candidate
     with capacity, bootstraps them over SSH with live progress, and returns when every agent
-    is alive. Running it again on a running cluster launches nothing.
+    is alive. Running it again on a running cluster launches nothing. With `control_plane:
+    {mode: head}` it starts a head VM holding etcd and the controller, which launches the workers
+    while this command prints its events; afterwards nothing of the cluster runs on this machine.
     """
     from spotrun import console
     from spotrun.up import up as run_up

@@ -201,8 +201,9 @@ def connect_head(record: ClusterFile, *, timeout: float = 30.0) -> "Store":
 
 # -- `spotrun up` in mode head -------------------------------------------------------------------
 def up_head(recipe: "Recipe", record: ClusterFile, *, ssh_timeouts: SshTimeouts, reporter_factory,
-            nodes_timeout: float = NODES_TIMEOUT_S) -> tuple[ClusterFile, list[str]]:
-    """Steps 1-3 of the module docstring; returns the saved record and the live worker ids.
+            nodes_timeout: float = NODES_TIMEOUT_S) -> tuple[ClusterFile, list[str], list[str]]:
+    """Steps 1-3 of the module docstring; returns the saved record, the live worker ids and
+    those of them the head's controller brought up during this call.
     Raises ProviderError, BootstrapError, ControlPlaneError."""
     from spotrun.records import LedgerSegment
 
@@ -218,10 +219,11 @@ def up_head(recipe: "Recipe", record: ClusterFile, *, ssh_timeouts: SshTimeouts,
             inst = next(i for i in head_provider(recipe).instances(recipe.name) if i.id == head.id)
             store.put_ledger(recipe.name, head.id, [LedgerSegment(head.id, inst.price_per_hour, inst.on_demand_per_hour,
                                                                   inst.launched_at)])
+        before = store.list_alive(recipe.name)
         alive = wait_for_nodes(store, recipe.name, recipe.nodes.target, nodes_timeout)
         store.add_event(recipe.name, "up", f"cluster at {len(alive)} of target {recipe.nodes.target} nodes "
                         f"(control plane on head VM {head.id})")
-    return record, alive
+    return record, alive, [node for node in alive if node not in before]
 
 
 def wait_for_nodes(store: "Store", cluster: str, target: int, timeout: float) -> list[str]:

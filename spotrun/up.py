@@ -73,7 +73,7 @@ def _up_head(recipe: Recipe, train: bool, ssh_timeouts: SshTimeouts, reporter_fa
               else replace(clusterfile.load(recipe.name), recipe_json=recipe.to_json(), train=train))
     record.save()
     try:
-        record, alive = up_head(recipe, record, ssh_timeouts=ssh_timeouts, reporter_factory=reporter_factory)
+        record, alive, new = up_head(recipe, record, ssh_timeouts=ssh_timeouts, reporter_factory=reporter_factory)
     except SpotrunError:
         if new_cluster:
             _log.warning("first up failed; removing the half-built cluster", extra=log.kv(cluster=recipe.name))
@@ -81,7 +81,7 @@ def _up_head(recipe: Recipe, train: bool, ssh_timeouts: SshTimeouts, reporter_fa
 
             down(recipe.name)
         raise
-    return UpResult(recipe.name, [], [], alive)
+    return UpResult(recipe.name, new, new, alive)
 
 
 def _reconcile(recipe: Recipe, record: ClusterFile, store: Store, ssh_timeouts: SshTimeouts,

@@ -116,7 +116,7 @@ def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves
     heads = [i for i in running if _tags(backend, i.id).get("spotrun-label:role") == "head"]
     workers = [i for i in running if i not in heads]
     assert len(heads) == 1 and heads[0].instance_type == "t3.small" and heads[0].lifecycle != "spot"
-    assert sorted(i.id for i in workers) == sorted(result.nodes) and len(workers) == 2
+    assert sorted(i.id for i in workers) == sorted(result.nodes) == sorted(result.launched) and len(workers) == 2
     assert all(i.lifecycle == "spot" and i.instance_type == "m5.large" for i in workers)
     assert {i.key_name for i in running} == {next(iter({i.key_name for i in running}))}
     assert all(any(g.name == f"spotrun-{name}" for g in i.security_groups) for i in running)
