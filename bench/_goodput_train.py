@@ -8,6 +8,11 @@ $STEPS_LOG_DIR/<node>.log (the cluster's shared directory: the lines outlive the
     BOOT WORLD <w> T0 <script start> T1 <trainer ready> RESUMED <step|None>   once per worker start
     STEP <n> WORLD <w> T <time.time()>                                        every step
 
+Each step also sleeps `--delay` x (this node's share of the global batch) x `--ref-world`: the
+time a node's own accelerator would spend on its share. The bench's VMs share two CPU cores, so
+real compute cannot show that fewer nodes make each step slower; the sleep does (a step at world
+2 sleeps 1.5x as long as at world 3), and time at a reduced world size costs goodput as it would.
+
 `--plain` is the relaunch-all baseline's script: periodic checkpoints only. A collective that
 fails because a peer died is an ordinary error (exit 1) instead of the trainer's emergency save,
 so a relaunch resumes from the newest periodic checkpoint, as a plain training script would.
@@ -37,7 +42,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--batch", type=int, default=48)
-    parser.add_argument("--delay", type=float, default=0.03, help="seconds of sleep per step")
+    parser.add_argument("--delay", type=float, default=0.03,
+                        help="emulated accelerator seconds per step at --ref-world nodes; each node sleeps in "
+                             "proportion to its share of the global batch (a step at world 2 takes 1.5x world 3's)")
+    parser.add_argument("--ref-world", type=int, default=3, help="world size at which a step sleeps --delay")
     parser.add_argument("--plain", action="store_true", help="baseline: no emergency save")
     args = parser.parse_args()
 
@@ -67,7 +75,7 @@ def main() -> None:
                     out.write(f"STEP {step} WORLD {trainer.world_size} T {time.time():.6f}\n")
                     out.flush()
                 trainer.step_done(loss.item())
-                time.sleep(args.delay)
+                time.sleep(args.delay * len(idx) * args.ref_world / args.batch)
         except Exception as exc:
             if not args.plain:
                 raise  # the trainer's __exit__: emergency save of the completed step, then re-form

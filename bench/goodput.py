@@ -1,7 +1,8 @@
 """Goodput: the quickstart job through a fixed preemption schedule, spotrun against relaunch-all.
 
 Three runs of the same job (bench/_goodput_train.py: the quickstart CNN, `--steps` steps of a
-global batch of 48, `--delay` s of sleep per step) on 3 local VMs (real sshd VMs, agents, etcd
+global batch of 48, `--delay` s of emulated accelerator time per step at world 3, 1.5x that at
+world 2: see _goodput_train.py) on 3 local VMs (real sshd VMs, agents, etcd
 rendezvous, a private etcd), one after the other:
 
 - undisturbed: no preemption; the controller runs. Wall time T0 = first step -> last step.
@@ -485,7 +486,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("spotrun", "baseline"), help="run one disturbed side only")
     parser.add_argument("--steps", type=int, default=2500, help="training steps of every run")
-    parser.add_argument("--delay", type=float, default=0.03, help="sleep per training step (s)")
+    parser.add_argument("--delay", type=float, default=0.03,
+                        help="emulated accelerator time per step at world 3 (s; scales with each node's share)")
     parser.add_argument("--every", type=int, default=50, help="periodic checkpoint every N steps (all runs)")
     parser.add_argument("--schedule", default=DEFAULT_SCHEDULE, help="AT:NOTICE[:INDEX],... after the first step")
     parser.add_argument("--price", type=float, default=1.0, help="spot $/hour of one VM (on-demand: 3x)")

@@ -2,7 +2,8 @@
 
 Each pass observes (the providers' instances, etcd's nodes, leases, notices, ledger, launch
 intents), asks the pure `plan()` what to do, and applies it. Passes run on every etcd change of
-the cluster and at least every RESYNC_S (preemptions show up at the provider, not in etcd).
+the cluster's plan inputs, when a rendezvous lease ends (a node that died without notice), and
+at least every RESYNC_S (preemptions show up at the provider, not in etcd).
 All state lives in etcd and at the provider, so the process can be killed at any moment:
 a restarted controller re-reads everything, resumes unfinished launches by their idempotency
 key, and a transient error (etcd or a provider call failing) skips the pass instead of acting
@@ -62,8 +63,16 @@ class Controller:
         """Reconcile until `stop`; wakes on any etcd change of the cluster. Blocks."""
         prefix = key(self.cluster, "")
         relevant = tuple(prefix + kind for kind in _PLAN_INPUTS)
-        watch = self.store.watch_cluster(
-            self.cluster, lambda event: self._wake.set() if event.key.startswith(relevant) else None)
+        rendezvous = key(self.cluster, "rdzv") + "/"
+
+        def on_change(event) -> None:
+            # A rendezvous lease (1 s) ends first when a node dies without a word: look at the
+            # provider then, not up to RESYNC_S later.
+            if event.key.startswith(relevant) or (
+                    event.kind == "delete" and event.key.startswith(rendezvous) and "/alive/" in event.key):
+                self._wake.set()
+
+        watch = self.store.watch_cluster(self.cluster, on_change)
         self.event_once("controller", f"controller started (pid {os.getpid()})")
         try:
             while not stop.is_set():
