@@ -186,6 +186,8 @@ def test_corrupt_newest_checkpoint_falls_back_and_says_so(job_factory) -> None:
     job.up(controller=False)
     job.wait(lambda: job.finished(60), what="step 60")
     shared = job.home / "local" / "shared" / job.name / "checkpoints"
+    # The final checkpoint lands just after the last step's line: wait for it (renamed in whole).
+    job.wait(lambda: (shared / "step-000000060").is_dir(), timeout=30, what="the final checkpoint")
     newest = sorted(shared.glob("step-*"))[-1]
     assert newest.name == "step-000000060"
     (newest / "state.pt").write_bytes(b"torn write")
