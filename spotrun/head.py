@@ -67,6 +67,11 @@ class HeadRecord:
     private_ip: str
     etcd_port: int = HEAD_ETCD_PORT
 
+    @classmethod
+    def of(cls, inst: "Instance") -> "HeadRecord":
+        return cls(inst.id, inst.provider, inst.host, inst.ssh_port, inst.ssh_user, inst.host_public_key,
+                   str(inst.extra.get("private_ip") or inst.host))
+
     @property
     def ssh_target(self) -> SshTarget:
         return SshTarget(self.id, self.host, self.port, self.user, self.host_key)
@@ -105,7 +110,7 @@ def head_offer(recipe: "Recipe", provider: "Provider") -> "Offer":
     return min(matches, key=lambda o: (o.price, o.zone))
 
 
-def ensure_head(recipe: "Recipe", record: ClusterFile) -> HeadRecord:
+def ensure_head(recipe: "Recipe", record: ClusterFile) -> "Instance":
     """The cluster's head VM, launched if none runs. Blocks until it is running."""
     from spotrun.providers import LaunchSpec
 
@@ -117,9 +122,7 @@ def ensure_head(recipe: "Recipe", record: ClusterFile) -> HeadRecord:
                           idempotency_key=HEAD_KEY, labels={"role": HEAD_ROLE})
         ids = provider.launch(spec)
         heads = [i for i in provider.instances(recipe.name) if i.id in ids]
-    inst = heads[0]
-    return HeadRecord(inst.id, inst.provider, inst.host, inst.ssh_port, inst.ssh_user, inst.host_public_key,
-                      str(inst.extra.get("private_ip") or inst.host))
+    return heads[0]
 
 
 def credential_env(recipe: "Recipe") -> tuple[dict[str, str], dict[str, bytes]]:
@@ -207,7 +210,8 @@ def up_head(recipe: "Recipe", record: ClusterFile, *, ssh_timeouts: SshTimeouts,
     Raises ProviderError, BootstrapError, ControlPlaneError."""
     from spotrun.records import LedgerSegment
 
-    head = ensure_head(recipe, record)
+    inst = ensure_head(recipe, record)
+    head = HeadRecord.of(inst)
     record = replace(record, endpoints=[], head=asdict(head))
     record.save()
     _log.info("head VM running", extra=log.kv(id=head.id, host=head.host))
@@ -216,7 +220,6 @@ def up_head(recipe: "Recipe", record: ClusterFile, *, ssh_timeouts: SshTimeouts,
         store.put_spec(recipe.name, json.loads(recipe.to_json()))
         store.set_target(recipe.name, recipe.nodes.target)
         if not store.get_ledger(recipe.name, head.id):  # the head is part of the true cost
-            inst = next(i for i in head_provider(recipe).instances(recipe.name) if i.id == head.id)
             store.put_ledger(recipe.name, head.id, [LedgerSegment(head.id, inst.price_per_hour, inst.on_demand_per_hour,
                                                                   inst.launched_at)])
         before = store.list_alive(recipe.name)

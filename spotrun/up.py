@@ -50,11 +50,8 @@ def up(recipe_path: Path, *, train: bool = True, ssh_timeouts: SshTimeouts = Ssh
         result = _reconcile(recipe, record, store, ssh_timeouts, reporter_factory)
     except SpotrunError:
         if new_cluster and not store.list_alive(recipe.name):
-            _log.warning("first up failed; removing the half-built cluster", extra=log.kv(cluster=recipe.name))
-            from spotrun.down import down
-
             store.close()
-            down(recipe.name)
+            _remove_half_built(recipe.name)
         raise
     finally:
         store.close()
@@ -62,6 +59,14 @@ def up(recipe_path: Path, *, train: bool = True, ssh_timeouts: SshTimeouts = Ssh
 
     start_daemon(recipe.name)  # from here on it keeps the cluster at its target
     return result
+
+
+def _remove_half_built(cluster: str) -> None:
+    """A brand-new cluster whose first `up` failed leaves nothing running."""
+    from spotrun.down import down
+
+    _log.warning("first up failed; removing the half-built cluster", extra=log.kv(cluster=cluster))
+    down(cluster)
 
 
 def _up_head(recipe: Recipe, train: bool, ssh_timeouts: SshTimeouts, reporter_factory) -> UpResult:
@@ -76,10 +81,7 @@ def _up_head(recipe: Recipe, train: bool, ssh_timeouts: SshTimeouts, reporter_fa
         record, alive, new = up_head(recipe, record, ssh_timeouts=ssh_timeouts, reporter_factory=reporter_factory)
     except SpotrunError:
         if new_cluster:
-            _log.warning("first up failed; removing the half-built cluster", extra=log.kv(cluster=recipe.name))
-            from spotrun.down import down
-
-            down(recipe.name)
+            _remove_half_built(recipe.name)
         raise
     return UpResult(recipe.name, new, new, alive)
 
