@@ -203,6 +203,8 @@ def _pump(conn: socket.socket, channel) -> None:
     """Copy bytes both ways between a local socket and an SSH channel until either side closes."""
     import select
 
+    import paramiko
+
     try:
         while True:
             ready, _, _ = select.select([conn, channel], [], [], 30.0)
@@ -212,7 +214,7 @@ def _pump(conn: socket.socket, channel) -> None:
                     if not data:
                         return
                     sink.sendall(data)
-    except OSError:
+    except (OSError, EOFError, paramiko.SSHException):  # either side went away: the tunnel closed
         return
     finally:
         channel.close()
