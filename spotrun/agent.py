@@ -5,6 +5,8 @@ preemption notice and writes the notice to etcd the moment it arrives (so the co
 start a replacement while this VM still has its notice period left), and supervises the elastic
 launcher: it asks the trainer for an agreed checkpoint and leaves the rendezvous shortly before
 the deadline, on a drain request, and asks for a checkpoint when another node waits to join.
+A warm spare (`/spotrun/<c>/standby/<id>`) parks its pre-warmed launcher outside the job until
+the controller deletes that key.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Agent:
         self._left = False
         self._noticed = threading.Event()
         self._ready_said = False
+        self._standby_lock = threading.Lock()
+        self._activated = False  # the standby key was deleted (possibly before the launcher existed)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -70,6 +74,7 @@ class Agent:
         threading.Thread(target=self._watch_notice, name="notice", daemon=True).start()
         watches = [self.store.watch_prefix(key(cluster, "nodes", node), self._on_own_record)]
         if self.config.train:
+            watches.append(self.store.watch_prefix(self._standby_key(), self._on_standby))  # before reading it
             self._start_training()
             watches.append(self.store.watch_prefix(self._waiting_prefix(), self._on_waiting))
         while not self.stop.wait(0.5):
@@ -104,8 +109,12 @@ class Agent:
 
         spec = self._train_spec()
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
-        self._launcher = Launcher(self.config.cluster, self.config.node, self.config.endpoints, spec,
-                                  self.config.state_dir, self._on_launcher_exit)
+        with self._standby_lock:
+            standby = not self._activated and self._guarded_get(lambda: self.store.get(self._standby_key())) is not None
+            self._launcher = Launcher(self.config.cluster, self.config.node, self.config.endpoints, spec,
+                                      self.config.state_dir, self._on_launcher_exit, standby=standby)
+        if standby:
+            self._guard(lambda: self._set_state(NodeState.RUNNING, "warm spare, parked outside the training job"))
         self._publisher = ProgressPublisher(self.store, self.config.cluster, self.config.node,
                                             self._launcher.progress_path)
         self._launcher.start()
@@ -145,6 +154,23 @@ class Agent:
         self._event("failure", f"{node}: launcher exited with code {code}; restarting")
         return False
 
+    def _standby_key(self) -> str:
+        return key(self.config.cluster, "standby", self.config.node)
+
+    def _parked(self) -> bool:
+        return self._launcher is not None and self._launcher.parked
+
+    def _on_standby(self, event: WatchEvent) -> None:
+        """The controller deleted this spare's standby key: join the training job now."""
+        if event.kind != "delete" or event.key != self._standby_key():
+            return
+        with self._standby_lock:
+            self._activated = True
+            activated = self._launcher is not None and self._launcher.activate()
+        if activated:
+            _log.info("warm spare activated")
+            self._guard(lambda: self._set_state(NodeState.RUNNING, "warm spare activated"))
+
     def _waiting_prefix(self) -> str:
         return key(self.config.cluster, "rdzv") + f"/{self.config.cluster}/waiting/"
 
@@ -160,6 +186,8 @@ class Agent:
                 self._ready_said = True
                 self._event("ready", f"{joiner} is in the rendezvous, ready to train")
             return
+        if self._parked():
+            return  # a warm spare is not in the job: nothing to checkpoint or swap
         if self._guarded_get(lambda: self.store.get_progress(self.config.cluster, joiner)) is not None:
             return  # a member re-joining after a re-formation, not a new node: nothing to admit
         if self._noticed.is_set():
@@ -185,6 +213,9 @@ class Agent:
         left = max(0.0, notice.deadline - time.time())
         self._guard(lambda: self._set_state(NodeState.NOTICE, f"{notice.source} preemption notice, {left:.0f} s left"))
         self._event("notice", f"{self.config.node}: {notice.source} preemption notice, {left:.0f} s left")
+        if self._parked():
+            self._leave("preemption notice on a warm spare")  # nothing to hand over
+            return
         # Keep training through the notice period; leave with just enough margin to checkpoint.
         if not self.stop.wait(max(0.0, notice.deadline - self._leave_margin() - time.time())):
             self._leave(f"preemption deadline in {max(0.0, notice.deadline - time.time()):.0f} s")

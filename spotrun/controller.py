@@ -25,8 +25,8 @@ from spotrun.costs import close_open, summarize
 from spotrun.errors import CapacityError, SpotrunError
 from spotrun.paths import cluster_dir
 from spotrun.placement import placements, providers_of
-from spotrun.plan import (Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster, Terminate,
-                          plan)
+from spotrun.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster,
+                          Terminate, plan)
 from spotrun.provisioning import Provisioner, cluster_lock
 from spotrun.agent import LEFT_REASON
 from spotrun.records import NodeState
@@ -37,7 +37,7 @@ _log = log.get("controller")
 RESYNC_S = 2.0
 MIN_PASS_INTERVAL_S = 0.2
 # Changes to these kinds of key can change the plan; progress and events cannot.
-_PLAN_INPUTS = ("spec", "target", "nodes", "alive", "notices", "launches", "stopped")
+_PLAN_INPUTS = ("spec", "target", "nodes", "alive", "notices", "launches", "stopped", "standby")
 AVOID_ZONE_S = 300.0  # a zone that just preempted a node is tried last for this long
 PRICE_REFRESH_S = 300.0  # how often live spot prices are re-read into the ledger
 
@@ -112,14 +112,16 @@ class Controller:
         notices = {n.node: n for n in self.store.list_notices(self.cluster)}
         ledger = self.store.list_ledger(self.cluster)
         intents = self.provisioner.pending_intents()
+        standby = self.store.list_standby(self.cluster)
         recipe = self.recipe if spec is None else type(self.recipe).model_validate(spec[0])
         budget = recipe.budget
         desired = Desired(target=recipe.nodes.target if target is None else target, min=recipe.nodes.min,
                           max=recipe.nodes.max, max_per_hour=budget.max_per_hour if budget else None,
-                          max_total=budget.max_total if budget else None, launch_price=self._launch_price())
+                          max_total=budget.max_total if budget else None, launch_price=self._launch_price(),
+                          spares=recipe.nodes.spares)
         ready = self._ready(alive)
         views = [self._view(inst, records.get(inst.id), inst.id in alive, inst.id in ready, notices.get(inst.id),
-                            ledger.get(inst.id))
+                            ledger.get(inst.id), inst.id in standby)
                  for inst in instances.values() if not self._finished(inst, records.get(inst.id), ledger.get(inst.id))]
         spent = summarize([s for segs in ledger.values() for s in segs]).total
         pending = None
@@ -149,7 +151,7 @@ class Controller:
         return alive & (joining | {p.node for p in self.store.list_progress(self.cluster)})
 
     @staticmethod
-    def _view(inst, record, alive: bool, ready: bool, notice, segments) -> NodeView:
+    def _view(inst, record, alive: bool, ready: bool, notice, segments, standby: bool) -> NodeView:
         state = record.state if record else None
         reason = record.reason if record else ""
         return NodeView(
@@ -157,7 +159,8 @@ class Controller:
             noticed=notice is not None, notice_deadline=notice.deadline if notice else None,
             leaving=state == NodeState.LEAVING, left=state == NodeState.LEAVING and reason == LEFT_REASON,
             ledger_open=bool(segments) and any(s.end is None for s in segments),
-            launched_at=inst.launched_at, replaces=(record.extra.get("replaces") if record else None))
+            launched_at=inst.launched_at, replaces=(record.extra.get("replaces") if record else None),
+            standby=standby)
 
     def _launch_price(self) -> float:
         try:
@@ -169,6 +172,9 @@ class Controller:
     def _apply(self, action, instances: dict) -> None:
         if isinstance(action, Launch):
             self._launch(action)
+        elif isinstance(action, Activate):
+            if self.store.activate_standby(self.cluster, action.node):
+                self.store.add_event(self.cluster, "activate", f"{action.node}: {action.reason}", action.node)
         elif isinstance(action, Drain):
             from spotrun.scaling import drain
 
@@ -231,7 +237,7 @@ class Controller:
         avoid = frozenset(z for z, at in self._preempted_zones.items() if now - at < AVOID_ZONE_S)
         try:
             self.provisioner.launch(action.count, intent_key=action.key, replaces=action.replaces,
-                                    avoid_zones=avoid)
+                                    standby=action.standby, avoid_zones=avoid)
         except CapacityError as exc:
             self.event_once("capacity", f"launch of {action.count} failed: {exc}")
 

@@ -10,7 +10,10 @@ No I/O here, so every rule is unit-tested and the simulator can reuse it tick by
 - launches never push the burn rate past budget.max_per_hour; reaching budget.max_total drains and
   stops everything;
 - a launch decided earlier but not finished (a crash between intent and result) is re-issued with
-  its idempotency key, never as a new launch.
+  its idempotency key, never as a new launch;
+- warm spares (`nodes.spares`) stand outside the target: a gap in the target is filled by
+  activating spares first (they joined in about a second, a launch needs a VM boot), then by
+  launching; spares used up are launched again, spares no longer wanted are terminated.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class Desired:
     max_per_hour: float | None = None
     max_total: float | None = None
     launch_price: float = 0.0  # $/h of the cheapest usable offer, for the budget check
+    spares: int = 0  # warm standby VMs kept besides the target
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class NodeView:
     ledger_open: bool = True
     launched_at: float = 0.0
     replaces: str | None = None  # the noticed node this one was launched for
+    standby: bool = False  # a warm spare, parked outside the training job
 
 
 @dataclass(frozen=True)
@@ -62,10 +67,19 @@ class Launch:
     reason: str
     key: str | None = None  # None: a new launch; the executor records a fresh key before calling
     replaces: tuple[str, ...] = ()
+    standby: int = 0  # how many of the `count` VMs become warm spares
 
 
 @dataclass(frozen=True)
 class Drain:
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Activate:
+    """A warm spare joins the training job."""
+
     node: str
     reason: str
 
@@ -96,7 +110,7 @@ class Blocked:
     reason: str
 
 
-Action = Launch | Drain | Terminate | CloseLedger | StopCluster | Blocked
+Action = Launch | Activate | Drain | Terminate | CloseLedger | StopCluster | Blocked
 
 
 @dataclass
@@ -129,18 +143,40 @@ def plan(desired: Desired, observed: Observed) -> list[Action]:
         return out.actions
     _retire(out, live, observed.now)
     _swap_replaced(out, live)
-    staying = [n for n in live if _counts(n)]
+    staying = [n for n in live if _counts(n) and not n.standby]
+    spares = [n for n in live if _counts(n) and n.standby]
     gap = desired.target - len(staying)
+    unreplaced = [n.id for n in live if n.noticed and not _replaced(n, live)]
+    if gap > 0 and spares:
+        gap, spares, unreplaced = _activate(out, spares, gap, unreplaced)
+    spare_gap = desired.spares - len(spares)
     if observed.pending_launch is not None:
         key, count, visible = observed.pending_launch
         out.add(Launch(count, "resume an unfinished launch", key=key))
-        gap -= count - visible  # the visible ones are already among `staying`
-    if gap > 0:
-        _launch(out, desired, live, gap, [n.id for n in live if n.noticed and not _replaced(n, live)])
-    elif gap < 0:
+        missing = count - visible  # the visible ones are already among `staying` or `spares`
+        taken = min(max(gap, 0), missing)
+        gap, spare_gap = gap - taken, spare_gap - (missing - taken)
+    if gap > 0 or spare_gap > 0:
+        _launch(out, desired, live, max(gap, 0), max(spare_gap, 0), unreplaced)
+    if gap < 0:
         for node in sorted(staying, key=lambda n: (-n.price_per_hour, -n.launched_at))[:-gap]:
             out.add(Drain(node.id, f"drain: scale down to {desired.target}"))
+    if spare_gap < 0:
+        for node in sorted(spares, key=lambda n: (-n.price_per_hour, -n.launched_at))[:-spare_gap]:
+            out.add(Terminate(node.id, f"spare not needed: nodes.spares is {desired.spares}"))
     return out.actions
+
+
+def _activate(out: _Plan, spares: list[NodeView], gap: int,
+              unreplaced: list[str]) -> tuple[int, list[NodeView], list[str]]:
+    """Fill the gap with spares, those already up (agent alive) and oldest first; returns what is
+    left of the gap, of the spares and of the noticed nodes still without a replacement."""
+    chosen = sorted(spares, key=lambda n: (not n.alive, n.launched_at))[:gap]
+    for node in chosen:
+        why = f"replace noticed {unreplaced[0]}" if unreplaced else "fill the target"
+        out.add(Activate(node.id, f"warm spare activated: {why}"))
+        unreplaced = unreplaced[1:]
+    return gap - len(chosen), [n for n in spares if n not in chosen], unreplaced
 
 
 def _retire(out: _Plan, live: list[NodeView], now: float) -> None:
@@ -163,9 +199,11 @@ def _swap_replaced(out: _Plan, live: list[NodeView]) -> None:
                 out.add(Drain(node.id, "drain: replacement ready"))
 
 
-def _launch(out: _Plan, desired: Desired, live: list[NodeView], gap: int, noticed: list[str]) -> None:
-    room = desired.max - len([n for n in live if _counts(n)])  # a dying noticed node does not block its replacement
-    wanted = min(gap, max(0, room))
+def _launch(out: _Plan, desired: Desired, live: list[NodeView], gap: int, spare_gap: int,
+            noticed: list[str]) -> None:
+    # A dying noticed node does not block its replacement; spares stand outside nodes.max.
+    room = desired.max - len([n for n in live if _counts(n) and not n.standby])
+    wanted = min(gap, max(0, room)) + spare_gap
     allowed = wanted
     if desired.max_per_hour is not None and desired.launch_price > 0:
         burn = sum(n.price_per_hour for n in live)
@@ -174,8 +212,13 @@ def _launch(out: _Plan, desired: Desired, live: list[NodeView], gap: int, notice
             out.add(Blocked(wanted, allowed, f"budget: burn {burn:.4f} $/h + {wanted} x {desired.launch_price:.4f} "
                                              f"$/h would pass max_per_hour {desired.max_per_hour}"))
     if allowed > 0:
-        reason = f"replace noticed {', '.join(noticed)}" if noticed else f"reach target {desired.target}"
-        out.add(Launch(allowed, reason, replaces=tuple(noticed[:allowed])))
+        active = min(allowed, wanted - spare_gap)  # the budget allows training nodes first
+        standby = allowed - active
+        if active:
+            reason = f"replace noticed {', '.join(noticed)}" if noticed else f"reach target {desired.target}"
+        else:
+            reason = f"keep {desired.spares} warm spare{'s' if desired.spares != 1 else ''}"
+        out.add(Launch(allowed, reason, replaces=tuple(noticed[:active]), standby=standby))
 
 
 def _drain_or_terminate(out: _Plan, node: NodeView, why: str, now: float) -> None:

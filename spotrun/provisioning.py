@@ -42,6 +42,7 @@ class LaunchIntent:
     count: int
     replaces: tuple[str, ...] = ()
     at: float = field(default_factory=time.time)
+    standby: int = 0  # the last `standby` VMs of the launch become warm spares
 
 
 @contextmanager
@@ -80,11 +81,14 @@ class Provisioner:
 
     # -- launching ------------------------------------------------------------------------------
     def launch(self, count: int, *, intent_key: str | None = None, replaces: tuple[str, ...] = (),
-               avoid_zones: frozenset[str] = frozenset()) -> list[str]:
-        """Launch `count` VMs on the cheapest candidate with capacity (zones in `avoid_zones` last).
-        Records the intent first; re-issuing a known `intent_key` returns its VMs. Raises
-        CapacityError when no candidate has capacity, ProviderError for other failures."""
-        intent = LaunchIntent(intent_key or f"l-{uuid.uuid4().hex[:12]}", count, tuple(replaces))
+               standby: int = 0, avoid_zones: frozenset[str] = frozenset()) -> list[str]:
+        """Launch `count` VMs on the cheapest candidate with capacity (zones in `avoid_zones` last),
+        the last `standby` of them as warm spares. Records the intent first; re-issuing a known
+        `intent_key` returns its VMs. Raises CapacityError when no candidate has capacity,
+        ProviderError for other failures."""
+        if intent_key is not None and not standby:
+            standby = self._intent_standby(intent_key)
+        intent = LaunchIntent(intent_key or f"l-{uuid.uuid4().hex[:12]}", count, tuple(replaces), standby=standby)
         self.store.put(key(self.cluster, "launches", intent.key), json.dumps(intent.__dict__))
         ordered = sorted(placements(self.recipe), key=lambda p: p.offer.zone in avoid_zones)
         errors = []
@@ -100,6 +104,11 @@ class Provisioner:
         self.store.delete(key(self.cluster, "launches", intent.key))
         raise CapacityError("no candidate offer had capacity: " + "; ".join(errors),
                             hint="add candidates in other zones or instance types to the recipe")
+
+    def _intent_standby(self, intent_key: str) -> int:
+        """A re-issued launch keeps the spares it was recorded with."""
+        found = self.store.get(key(self.cluster, "launches", intent_key))
+        return int(json.loads(found[0]).get("standby", 0)) if found else 0
 
     def _launch_on(self, placement: Placement, intent: LaunchIntent) -> list[str]:
         from spotrun.providers import LaunchSpec
@@ -119,8 +128,13 @@ class Provisioner:
             placement.provider.terminate(leftovers)
             self.store.add_event(self.cluster, "failure", f"launch failed: {exc}")
             raise
-        replaces = list(intent.replaces) + [None] * len(ids)
-        for inst, replaced in zip([i for i in placement.provider.instances(self.cluster) if i.id in ids], replaces):
+        launched = sorted((i for i in placement.provider.instances(self.cluster) if i.id in ids), key=lambda i: i.id)
+        replaces = list(intent.replaces) + [None] * len(launched)
+        # Replacements first, spares last; spares are marked before any agent starts, so a
+        # spare's agent never joins the job by mistake.
+        for inst in launched[len(launched) - intent.standby:] if intent.standby else ():
+            self.store.put_standby(self.cluster, inst.id)
+        for inst, replaced in zip(launched, replaces):
             self.record_node(inst, NodeState.BOOTING, replaces=replaced)
             if not self.store.get_ledger(self.cluster, inst.id):
                 self.store.put_ledger(self.cluster, inst.id, [LedgerSegment(inst.id, inst.price_per_hour,

@@ -257,11 +257,16 @@ class ResourceCandidate(_Model):
 
 
 class Nodes(_Model):
-    """How many VMs: never fewer than `min`, never more than `max`, aiming at `target`."""
+    """How many VMs train: never fewer than `min`, never more than `max`, aiming at `target`; plus
+    `spares` warm standby VMs."""
 
     min: Annotated[int, Strict(), Field(ge=1)]
     max: PositiveInt
     target: StrictInt = Field(default=None, validate_default=False)  # type: ignore[assignment]  # min when omitted
+    # Warm spares: booted, bootstrapped, launcher pre-warmed, parked outside the training job and
+    # billed like any VM. A preempted node's place goes to a spare in about a second instead of a
+    # VM boot; the controller then launches a new spare. Not counted in min/max/target.
+    spares: Annotated[int, Strict(), Field(ge=0)] = 0
 
     @model_validator(mode="after")
     def _order(self) -> Nodes:

@@ -15,10 +15,12 @@ def cluster_status(store: Store, cluster: str, now: float | None = None) -> dict
     now = time.time() if now is None else now
     alive = store.list_alive(cluster)
     notices = {n.node: n for n in store.list_notices(cluster)}
+    standby = store.list_standby(cluster)
     nodes = []
     for node in store.list_nodes(cluster):
         row = to_dict(node)
         row["alive"] = node.id in alive
+        row["standby"] = node.id in standby  # a warm spare, outside the training job
         row["uptime_s"] = round(now - node.launched_at, 1) if node.launched_at else None
         notice = notices.get(node.id)
         row["notice_deadline"] = notice.deadline if notice else None
@@ -83,7 +85,8 @@ def render(statuses: list[dict[str, Any]]) -> None:
             table.add_column(column, justify="right" if column in ("uptime", "$/h") else "left")
         gone = [n for n in status["nodes"] if n["state"] in _GONE]
         for node in (n for n in status["nodes"] if n["state"] not in _GONE):
-            state = node["state"] + (f" ({_left(node['notice_deadline'])} left)" if node["notice_deadline"] else "")
+            state = "standby" if node.get("standby") and node["state"] == "running" else node["state"]
+            state += f" ({_left(node['notice_deadline'])} left)" if node["notice_deadline"] else ""
             table.add_row(node["id"], node["provider"], node["zone"], node["instance_type"], state,
                           "yes" if node["alive"] else "no", _duration(node["uptime_s"]),
                           f"{node['price_per_hour']:.4f}")

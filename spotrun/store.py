@@ -358,6 +358,19 @@ class Store:
     def delete_notice(self, cluster: str, node: str) -> bool:
         return self.delete(key(cluster, "notices", node))
 
+    def put_standby(self, cluster: str, node: str) -> int:
+        """Mark `node` a warm spare: its agent parks the pre-warmed launcher outside the rendezvous."""
+        return self.put(key(cluster, "standby", node), "1")
+
+    def list_standby(self, cluster: str) -> set[str]:
+        """Ids of the warm spares not yet activated."""
+        prefix = key(cluster, "standby") + "/"
+        return {k[len(prefix):] for k, _, _ in self.get_prefix(prefix)}
+
+    def activate_standby(self, cluster: str, node: str) -> bool:
+        """Turn a warm spare into a training node; False if it was not one. Idempotent."""
+        return self.delete(key(cluster, "standby", node))
+
     def put_progress(self, cluster: str, progress: Progress) -> int:
         return self.put(key(cluster, "progress", progress.node), encode(progress))
 

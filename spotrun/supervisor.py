@@ -67,9 +67,15 @@ class Launcher:
     """Supervises `python -m spotrun.elastic.launch`: restarts it while the node should train."""
 
     def __init__(self, cluster: str, node: str, endpoints: list[str], spec: TrainSpec, state_dir: Path,
-                 on_exit) -> None:
+                 on_exit, *, standby: bool = False) -> None:
         self.cluster, self.node, self.endpoints, self.spec = cluster, node, endpoints, spec
         self.state_dir = state_dir
+        # A warm spare's launcher waits outside the job while this file exists (see activate()).
+        self.standby_file = state_dir / "standby"
+        if standby:
+            self.standby_file.touch()
+        else:
+            self.standby_file.unlink(missing_ok=True)
         self.control = ControlFile(state_dir / "control.json")
         self.progress_path = state_dir / "progress.json"
         self.log_path = state_dir / "train.log"
@@ -81,6 +87,18 @@ class Launcher:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def parked(self) -> bool:
+        return self.standby_file.exists()
+
+    def activate(self) -> bool:
+        """A warm spare joins the training job now; False if it was not parked."""
+        try:
+            self.standby_file.unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def leave(self) -> None:
         """Leave gracefully: the launcher removes this node at the next rendezvous and exits 0."""
@@ -104,7 +122,7 @@ class Launcher:
 
     def _argv(self) -> list[str]:
         argv = [sys.executable, "-m", "spotrun.elastic.launch", "--cluster", self.cluster, "--node", self.node,
-                "--nnodes", self.spec.nnodes, "--run-id", self.cluster]
+                "--nnodes", self.spec.nnodes, "--run-id", self.cluster, "--standby-file", str(self.standby_file)]
         for endpoint in self.endpoints:
             argv += ["--etcd", endpoint]
         if self.spec.local_addr:

@@ -96,8 +96,10 @@ def _reconcile(recipe: Recipe, record: ClusterFile, store: Store, ssh_timeouts: 
     with cluster_lock(cluster):
         launched = []
         for intent in provisioner.pending_intents():  # a launch an earlier process did not finish
-            launched += provisioner.launch(intent.count, intent_key=intent.key, replaces=intent.replaces)
-        missing = recipe.nodes.target - len(provisioner.live())
+            launched += provisioner.launch(intent.count, intent_key=intent.key, replaces=intent.replaces,
+                                           standby=intent.standby)
+        spares = store.list_standby(cluster)  # the controller keeps them; they do not fill the target
+        missing = recipe.nodes.target - len([i for i in provisioner.live() if i.id not in spares])
         if missing > 0:
             launched += provisioner.launch(missing)
         live = provisioner.live()
@@ -106,5 +108,6 @@ def _reconcile(recipe: Recipe, record: ClusterFile, store: Store, ssh_timeouts: 
         _log.info("launch finished", extra=log.kv(launched=len(launched), seconds=round(time.monotonic() - started, 2)))
         provisioner.bootstrap(todo)
     _log.info("bootstrap finished", extra=log.kv(nodes=len(todo), seconds=round(time.monotonic() - started, 2)))
-    store.add_event(cluster, "up", f"cluster at {len(live)} of target {recipe.nodes.target} nodes")
+    training = [i for i in live if i.id not in store.list_standby(cluster)]
+    store.add_event(cluster, "up", f"cluster at {len(training)} of target {recipe.nodes.target} nodes")
     return UpResult(cluster, launched, [i.id for i in todo], [i.id for i in live])

@@ -72,3 +72,34 @@ def test_etcd_restart_during_training_loses_nothing(job_factory, etcd_process, m
                  timeout=30, what="a replacement launch")
     job.wait(lambda: job.finished(900), timeout=180, what="step 900")
     assert job.duplicates() == []
+
+
+def test_warm_spare_takes_a_killed_nodes_place_and_is_refilled(job_factory) -> None:
+    from spotrun.node_ops import preempt
+
+    job = job_factory("spare", steps=700, delay=0.03)
+    job.recipe.write_text(job.recipe.read_text().replace("target: 3}", "target: 3, spares: 1}"))
+    job.up(controller=True)
+    record = clusterfile.load(job.name)
+    with connect_recipe(record.recipe(), record.endpoints) as store:
+        def parked_spares() -> set[str]:
+            return store.list_standby(job.name) & store.list_alive(job.name)
+
+        job.wait(lambda: len(parked_spares()) == 1, timeout=60, what="one warm spare with a live agent")
+        job.wait(lambda: job.at_world(3) and job.steps()[-1][1] > 60, what="training at world 3")
+        spare = next(iter(parked_spares()))
+        assert spare not in {p.node for p in store.list_progress(job.name)}, "a parked spare does not train"
+        victim = next(p.node for p in store.list_progress(job.name) if p.node != spare)
+        killed_at = time.time()
+        preempt(job.name, victim, 0)
+        job.wait(lambda: any(e.kind == "activate" and e.node == spare for e in store.list_events(job.name)),
+                 timeout=30, what="the spare activated")
+        job.wait(lambda: spare in {p.node for p in store.list_progress(job.name)}, timeout=30,
+                 what="the spare training")
+        job.wait(lambda: job.at_world(3, after=killed_at), timeout=30, what="world 3 again")
+        job.wait(lambda: len(parked_spares() - {spare}) == 1, timeout=60, what="a new warm spare")
+        job.wait(lambda: job.finished(700), timeout=180, what="step 700")
+    assert [s for _, s, _ in job.steps()] == list(range(1, 701)), "a step was skipped or ran twice"
+    assert max(w for *_, w in job.steps()) == 3, "a spare never trains beside the target"
+    live = [i.id for i in _provider_view(job) if not i.state.is_gone]
+    assert victim not in live and spare in live and len(live) == 4, "3 training nodes and 1 spare, no extra VM"

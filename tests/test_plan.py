@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from spotrun.plan import Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster, Terminate, plan
+from spotrun.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster,
+                          Terminate, plan)
 
 D = Desired(target=3, min=1, max=4)
 
@@ -87,4 +88,62 @@ def test_unfinished_launch_is_resumed_with_its_key() -> None:
     assert actions == [Launch(2, "resume an unfinished launch", key="k-1")]
     # One of its two VMs is already visible (and counted): nothing more is launched, nothing drained.
     actions = plan(D, Observed(_nodes({}, {}), pending_launch=("k-1", 2, 1)))
+    assert actions == [Launch(2, "resume an unfinished launch", key="k-1")]
+
+
+# --- warm spares ------------------------------------------------------------------------------
+S = Desired(target=3, min=1, max=3, spares=1)
+
+
+def test_spares_are_launched_besides_the_target_and_past_max() -> None:
+    assert plan(S, Observed(_nodes({}, {}, {}))) == [Launch(1, "keep 1 warm spare", standby=1)]
+    # A fresh cluster: the training nodes and the spare in one launch, the spare last.
+    assert plan(S, Observed([])) == [Launch(4, "reach target 3", standby=1)]
+
+
+def test_steady_state_with_a_spare_does_nothing() -> None:
+    assert plan(S, Observed(_nodes({}, {}, {}, {"standby": True}))) == []
+
+
+def test_notice_activates_the_spare_and_launches_a_new_one() -> None:
+    nodes = _nodes({}, {}, {"noticed": True, "notice_deadline": 100.0}, {"standby": True})
+    assert plan(S, Observed(nodes, now=50.0)) == [Activate("n3", "warm spare activated: replace noticed n2"),
+                                                  Launch(1, "keep 1 warm spare", standby=1)]
+
+
+def test_hard_kill_activates_an_alive_spare_before_a_booting_one() -> None:
+    two = Desired(target=3, min=1, max=3, spares=2)
+    nodes = _nodes({}, {}, {"gone": True, "ledger_open": False},
+                   {"standby": True, "alive": False, "launched_at": 1.0}, {"standby": True, "launched_at": 2.0})
+    assert plan(two, Observed(nodes)) == [Activate("n4", "warm spare activated: fill the target"),
+                                          Launch(1, "keep 2 warm spares", standby=1)]
+
+
+def test_more_gaps_than_spares_launch_the_rest_for_training() -> None:
+    nodes = _nodes({}, {"standby": True})
+    assert plan(S, Observed(nodes)) == [Activate("n1", "warm spare activated: fill the target"),
+                                        Launch(2, "reach target 3", standby=1)]
+
+
+def test_spares_no_longer_wanted_are_terminated_most_expensive_first() -> None:
+    one = Desired(target=1, min=1, max=3, spares=1)
+    nodes = _nodes({}, {"standby": True, "price_per_hour": 0.2}, {"standby": True})
+    assert plan(one, Observed(nodes)) == [Terminate("n1", "spare not needed: nodes.spares is 1")]
+
+
+def test_noticed_spare_is_not_activated_and_is_refilled() -> None:
+    nodes = _nodes({}, {}, {}, {"standby": True, "noticed": True, "notice_deadline": 100.0})
+    assert plan(S, Observed(nodes, now=1.0)) == [Launch(1, "keep 1 warm spare", standby=1)]
+
+
+def test_budget_launches_training_nodes_before_spares() -> None:
+    tight = Desired(target=3, min=1, max=3, spares=1, max_per_hour=0.35, launch_price=0.1)
+    actions = plan(tight, Observed(_nodes({}, {})))
+    assert actions[1] == Launch(1, "reach target 3")
+    assert isinstance(actions[0], Blocked) and (actions[0].wanted, actions[0].allowed) == (2, 1)
+
+
+def test_unfinished_launch_fills_the_target_before_the_spares() -> None:
+    # 2 of 3 training nodes run; an unfinished launch of 2 (one for the target, one spare) shows none yet.
+    actions = plan(S, Observed(_nodes({}, {}), pending_launch=("k-1", 2, 0)))
     assert actions == [Launch(2, "resume an unfinished launch", key="k-1")]

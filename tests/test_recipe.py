@@ -148,7 +148,7 @@ def test_unknown_key_with_suggestion(tmp_path: Path) -> None:
 
 def test_unknown_key_lists_allowed_keys(tmp_path: Path) -> None:
     text = GOOD.replace("  max: 2\n", "  max: 2\n  zzz: 1\n")
-    assert problems(tmp_path, text) == ["F:8:3: nodes.zzz: unknown key 'zzz' (allowed keys: min, max, target)"]
+    assert problems(tmp_path, text) == ["F:8:3: nodes.zzz: unknown key 'zzz' (allowed keys: min, max, target, spares)"]
 
 
 def test_unknown_key_in_list_item(tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ def test_mapping_instead_of_list(tmp_path: Path) -> None:
 
 def test_scalar_instead_of_mapping(tmp_path: Path) -> None:
     text = GOOD.replace("nodes:\n  min: 1\n  max: 2\n", "nodes: 3\n")
-    assert problems(tmp_path, text) == ["F:5:8: nodes: expected a mapping with keys min, max, target, got 3"]
+    assert problems(tmp_path, text) == ["F:5:8: nodes: expected a mapping with keys min, max, target, spares, got 3"]
 
 
 def test_blank_value_points_at_key(tmp_path: Path) -> None:

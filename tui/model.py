@@ -19,7 +19,7 @@ from spotrun.store import WatchEvent, cluster_prefix
 
 GONE = frozenset({"preempted", "terminated", "failed"})
 STATE_ORDER = {s: i for i, s in enumerate(
-    ["notice", "leaving", "booting", "bootstrapping", "running", "preempted", "failed", "terminated"])}
+    ["notice", "leaving", "booting", "bootstrapping", "running", "standby", "preempted", "failed", "terminated"])}
 # A node's throughput counts towards the cluster's while its last report is this recent.
 FRESH_S = 30.0
 MAX_EVENTS = 200
@@ -44,7 +44,7 @@ class WorkerRow:
         state = self.state
         if self.notice_left_s is not None and self.state not in GONE:
             state = f"notice {int(self.notice_left_s)}s"
-        elif self.state not in GONE and not self.alive and self.state == "running":
+        elif self.state not in GONE and not self.alive and self.state in ("running", "standby"):
             state = "running?"  # the agent's liveness lease is gone
         rate = "-" if self.steps_per_s is None else f"{self.steps_per_s:.2f}"
         return (self.id, f"{self.provider}/{self.zone}" if self.zone else self.provider, self.instance_type or "-",
@@ -52,14 +52,14 @@ class WorkerRow:
 
     @property
     def tone(self) -> str:
-        """Colour class of the row: running, booting, notice, leaving or gone."""
+        """Colour class of the row: running, standby, booting, notice, leaving or gone."""
         if self.state in GONE:
             return "gone"
         if self.notice_left_s is not None or self.state == "notice":
             return "notice"
         if self.state in ("booting", "bootstrapping"):
             return "booting"
-        return self.state if self.state in ("running", "leaving") else "booting"
+        return self.state if self.state in ("running", "leaving", "standby") else "booting"
 
 
 # (title, WorkerRow sort key); cells() returns the same order.
@@ -184,6 +184,7 @@ class ClusterState:
         self.nodes: dict[str, NodeRecord] = {}
         self.alive: set[str] = set()
         self.notices: dict[str, Notice] = {}
+        self.standby: set[str] = set()  # warm spares not yet activated
         self.progress: dict[str, Progress] = {}
         self.rates: dict[str, float] = {}
         self.checkpoints: dict[int, CheckpointRecord] = {}
@@ -229,6 +230,8 @@ class ClusterState:
                 self.alive.add(item)
             elif kind == "notices" and item:
                 self.notices[item] = decode(Notice, value)
+            elif kind == "standby" and item:
+                self.standby.add(item)
             elif kind == "progress" and item:
                 new = _progress(value)
                 old = self.progress.get(item)
@@ -260,6 +263,8 @@ class ClusterState:
             self.alive.discard(item)
         elif kind == "notices":
             self.notices.pop(item, None)
+        elif kind == "standby":
+            self.standby.discard(item)
         elif kind == "progress":
             self.progress.pop(item, None)
             self.rates.pop(item, None)
@@ -287,8 +292,9 @@ class ClusterState:
         notice = self.notices.get(n.id)
         progress = self.progress.get(n.id)
         fresh = progress is not None and now - progress.heartbeat_at <= FRESH_S
+        state = "standby" if n.id in self.standby and n.state.value == "running" else n.state.value
         return WorkerRow(
-            n.id, n.provider, n.zone, n.instance_type, n.state.value, n.reason, n.id in self.alive,
+            n.id, n.provider, n.zone, n.instance_type, state, n.reason, n.id in self.alive,
             max(0.0, now - n.launched_at) if n.launched_at else None,
             self.rates.get(n.id) if fresh else None, n.price_per_hour,
             max(0.0, notice.deadline - now) if notice else None)

@@ -25,7 +25,7 @@ from spotrun.tui.model import COLUMNS, Snapshot, WorkerRow, arrange, fmt_bytes, 
 # Minimum widths of the columns; spare width goes to the first two.
 _WIDTHS = (12, 13, 10, 12, 7, 7, 7)
 _RIGHT = {4, 5, 6}
-_TONES = ("running", "booting", "notice", "leaving", "gone")
+_TONES = ("running", "standby", "booting", "notice", "leaving", "gone")
 
 
 class WorkersTable(ScrollView, can_focus=True):

@@ -2,7 +2,7 @@
 
     python -m spotrun.elastic.launch --cluster C --node N --etcd URL [--etcd URL] --nnodes MIN:MAX \\
         [--run-id ID] [--nproc-per-node 1] [--local-addr ADDR] [--join-timeout 600] \\
-        [--collective-timeout 60] -- python train.py ARGS...
+        [--collective-timeout 60] [--standby-file PATH] -- python train.py ARGS...
 
 It imports torch, torch.optim, torch.nn.parallel and torch._dynamo before anything else, then runs
 torch's elastic agent in this process (`torch.distributed.run`) with workers *forked* from it
@@ -26,6 +26,10 @@ variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_
 
 Forked workers must not use gRPC (no etcd client, no `spotrun.store`): it hangs in a forked
 child. Report through the agent, or through etcd's HTTP gateway (`/v3/kv/put`).
+
+`--standby-file PATH` (a warm spare): after the imports, wait outside the rendezvous while PATH
+exists; the agent deletes it when the controller activates the spare, and the node joins with
+torch already imported. SIGUSR1 or SIGTERM while parked: exit 0 without joining.
 
 Signals: SIGUSR1 = leave at the next rendezvous (when the local workers next exit, the node
 removes itself and the launcher exits 0); SIGTERM = leave now (the node leaves the rendezvous at
@@ -54,6 +58,7 @@ import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
@@ -69,6 +74,7 @@ __all__ = ["LaunchPlan", "build_plan", "main", "COLLECTIVE_TIMEOUT_ENV"]
 COLLECTIVE_TIMEOUT_ENV = "SPOTRUN_COLLECTIVE_TIMEOUT_S"
 EXIT_RESTART = 75  # a worker exiting with this asks every agent to re-rendezvous (trainer convention)
 MAX_RESTARTS = 1_000_000
+STANDBY_POLL_S = 0.02  # a parked spare notices its activation within this
 _log = logging.getLogger("spotrun.elastic.launch")
 
 
@@ -78,6 +84,7 @@ class LaunchPlan:
 
     torchrun_args: list[str]
     module: str | None = None
+    standby_file: str | None = None  # park outside the rendezvous while this file exists
 
 
 def _is_python(exe: str) -> bool:
@@ -103,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--collective-timeout", type=int, default=None,
                    help=f"init_process_group timeout for the trainer, via ${COLLECTIVE_TIMEOUT_ENV} (default 60)")
     p.add_argument("--rdzv-conf", default="", help="extra key=value,... for the rendezvous (e.g. coordinated_join=0)")
+    p.add_argument("--standby-file", default=None, metavar="PATH",
+                   help="warm spare: after the imports, wait outside the rendezvous while PATH exists")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- training command")
     return p
 
@@ -156,7 +165,7 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         args += ["--run-path", "spotrun-module", *command[3:]]  # the script slot is replaced by the module
     else:
         args += ["--no-python", *command]
-    return LaunchPlan(args, module)
+    return LaunchPlan(args, module, opts.standby_file)
 
 
 def _run_module(module: str, *args: str) -> None:
@@ -199,6 +208,19 @@ class _Signals:
         raise SignalException(f"Process {os.getpid()} got signal: SIGTERM (leave now)", sigval=signal.Signals.SIGTERM)
 
 
+def _parked(plan: LaunchPlan, signals: _Signals) -> bool:
+    """Wait while this warm spare's standby file exists; True if it was told to leave instead."""
+    if plan.standby_file is None or not os.path.exists(plan.standby_file):
+        return False
+    _log.info("warm spare: parked outside the rendezvous until %s is removed", plan.standby_file)
+    while os.path.exists(plan.standby_file):
+        if signals.leave_requested:
+            return True
+        time.sleep(STANDBY_POLL_S)
+    _log.info("warm spare activated: joining the rendezvous")
+    return False
+
+
 def _launch(plan: LaunchPlan) -> Any:
     args = torchrun.parse_args(plan.torchrun_args)
     config, cmd, cmd_args = torchrun.config_from_args(args)
@@ -217,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     signals.install()
     code, closed = 1, False
     try:
+        if _parked(plan, signals):
+            _log.info("left while parked")
+            return 0
         _launch(plan)
         code, closed = 0, True
         _log.info("job finished")
