@@ -67,7 +67,7 @@ resources:
     instance_type: cpu-small
     prices: {{spot: {price}, on_demand: {on_demand}}}
     boot_s: {boot}
-nodes: {{min: 1, max: 4, target: {nodes}}}
+nodes: {{min: 1, max: 4, target: {nodes}, spares: {spares}}}
 workdir: work
 run: python train.py --steps {steps} --delay {delay}{plain}
 env: {{OMP_NUM_THREADS: 1, STEPS_LOG_DIR: /run/spotrun/shared/steps}}
@@ -185,10 +185,11 @@ def _live(cluster: str, exclude: set[str]) -> list[str]:
 class Run:
     """One cluster: writes its recipe, brings it up, follows its steps, reads its ledger."""
 
-    def __init__(self, name: str, tmp: Path, endpoint: str, args, *, plain: bool) -> None:
+    def __init__(self, name: str, tmp: Path, endpoint: str, args, *, plain: bool, spares: int = 0) -> None:
         self.name, self.args = name, args
         self.recipe = tmp / f"{name}.yaml"
         self.recipe.write_text(RECIPE.format(name=name, price=args.price, on_demand=args.price * 3, nodes=NODES,
+                                             spares=spares,
                                              steps=args.steps, delay=args.delay, plain=" --plain" if plain else "",
                                              every=args.every, endpoint=endpoint, boot=args.boot))
         self.endpoint = endpoint
@@ -217,6 +218,16 @@ class Run:
             raise RuntimeError(f"{self.name}: no training step within {timeout:.0f} s")
         self.result.first = first
         return first
+
+    def standby(self) -> set[str]:
+        """The warm spares: VMs outside the training job, never a schedule's victim."""
+        from spotrun.store import connect
+
+        store = connect([self.endpoint])
+        try:
+            return store.list_standby(self.name)
+        finally:
+            store.close()
 
     def finished(self) -> float | None:
         self.steps.refresh()
@@ -324,7 +335,7 @@ def run_spotrun(run: Run, schedule: list[Entry], timeout: float) -> None:
         now = time.time()
         while pending and now >= first + pending[0].at:
             entry = pending.pop(0)
-            live = _live(run.name, noticed)
+            live = _live(run.name, noticed | run.standby())
             if not live:
                 run.result.fired.append({"at_s": entry.at, "skipped": "no live VM"})
                 continue
@@ -437,36 +448,42 @@ def _attempt(label: str, fn, run: Run, *a, keep: Path | None = None) -> None:
             print(f"{label}: down failed: {exc}", file=sys.stderr)
 
 
-def report(und: Result, spot: Result | None, base: Result | None, schedule: list[Entry], args) -> None:
+def report(und: Result, spot: Result | None, base: Result | None, schedule: list[Entry], args,
+           bare: Result | None = None) -> None:
+    """`spot` ran with `args.spares` warm spares, `bare` (if run) with none."""
     t0 = und.wall
     gp = lambda r: (t0 / r.wall) if (r is not None and r.wall and t0) else None  # noqa: E731
     ours, theirs = gp(spot), gp(base)
-    setup = {"nodes": NODES, "steps": args.steps, "delay_s": args.delay, "periodic_every_steps": args.every,
-             "boot_s": args.boot,
+    setup = {"nodes": NODES, "spares": args.spares, "steps": args.steps, "delay_s": args.delay,
+             "periodic_every_steps": args.every, "boot_s": args.boot,
              "schedule": [f"{e.at:g}s notice {e.notice:g}s" for e in schedule]}
     extra: dict = {"t_undisturbed_s": _r(t0), "t_spotrun_s": _r(spot.wall if spot else None),
                    "t_baseline_s": _r(base.wall if base else None), "goal": GOAL_GOODPUT,
                    "goal_ratio_to_baseline": GOAL_RATIO, **setup}
     if ours and theirs:
         extra["ratio_to_baseline"] = round(ours / theirs, 2)
-    for r in (und, spot, base):
+    for r in (und, spot, bare, base):
         if r is not None and r.error:
             extra[f"{r.name}_error"] = r.error
             extra[f"{r.name}_reached_step"] = r.reached
     _line("goodput", "ratio", ours, theirs, extra)
+    if bare is not None:
+        _line("goodput without spares", "ratio", gp(bare), theirs,
+              {"t_spotrun_s": _r(bare.wall), "spares": 0,
+               **({"ratio_to_baseline": round(gp(bare) / theirs, 2)} if gp(bare) and theirs else {})})
     _line("steps recomputed", "steps", spot.recomputed if spot else None, base.recomputed if base else None,
-          {"undisturbed": und.recomputed, "spotrun_step_lines": spot.lines if spot else None,
-           "baseline_step_lines": base.lines if base else None})
+          {"undisturbed": und.recomputed, "without_spares": bare.recomputed if bare else None,
+           "spotrun_step_lines": spot.lines if spot else None, "baseline_step_lines": base.lines if base else None})
     per = lambda r: r.cost / args.steps * 1000 if r is not None and r.cost is not None and r.last else None  # noqa: E731
     _line("cost per 1000 steps", "$", per(spot), per(base),
-          {"undisturbed": _r(per(und), 6), "price_per_vm_hour": args.price,
-           "vms_billed": {r.name: r.vms for r in (und, spot, base) if r is not None},
-           "note": "ledger segments of every VM of the run, launch -> last step"})
+          {"undisturbed": _r(per(und), 6), "without_spares": _r(per(bare), 6), "price_per_vm_hour": args.price,
+           "vms_billed": {r.name: r.vms for r in (und, spot, bare, base) if r is not None},
+           "note": "ledger segments of every VM of the run (spares included), launch -> last step"})
     detail = {r.name: {"median_step_s": _r(r.step_s, 4), "world_s": {k: round(v, 1) for k, v in sorted(r.world_s.items())},
                        "worker_starts": r.boots, "stall_s": round(sum(s["s"] for s in r.stalls), 2),
                        "stalls_n": len(r.stalls), "largest_stalls": sorted(r.stalls, key=lambda s: -s["s"])[:6],
                        "events": r.fired}
-              for r in (und, spot, base) if r is not None}
+              for r in (und, spot, bare, base) if r is not None}
     print(json.dumps({"bench": "goodput", "case": "where the time goes", "detail": detail}), flush=True)
 
 
@@ -484,7 +501,10 @@ def _r(value, digits: int = 2):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("spotrun", "baseline"), help="run one disturbed side only")
+    parser.add_argument("--only", default="spotrun,no-spare,baseline",
+                        help="disturbed runs to make, of spotrun (with --spares), no-spare (spotrun without "
+                             "spares), baseline (default: all three)")
+    parser.add_argument("--spares", type=int, default=1, help="warm spares of the spotrun run (nodes.spares)")
     parser.add_argument("--steps", type=int, default=2500, help="training steps of every run")
     parser.add_argument("--delay", type=float, default=0.03,
                         help="emulated accelerator time per step at world 3 (s; scales with each node's share)")
@@ -500,6 +520,9 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("bench/goodput.py needs root (the local provider's VMs use namespaces)")
     schedule = parse_schedule(args.schedule)
+    only = set(filter(None, args.only.split(",")))
+    if not only or only - {"spotrun", "no-spare", "baseline"}:
+        raise SystemExit("--only: a comma list of spotrun, no-spare, baseline")
     tmp = Path(tempfile.mkdtemp(prefix="spotrun-bench-goodput-"))
     try:
         os.environ["SPOTRUN_HOME"] = str(tmp / "home")
@@ -509,19 +532,23 @@ def main() -> None:
         _workdir(tmp / "work", data)
         from spotrun.etcd_server import EtcdProcess
 
-        spot = base = None
+        spot = bare = base = None
         with EtcdProcess(tmp / "etcd") as etcd:
             und = Run("gp-undisturbed", tmp, etcd.endpoint, args, plain=False)
             _attempt("undisturbed", run_undisturbed, und, args.timeout, keep=keep)
             # A disturbed run that takes 3 x T0 has a goodput under 0.33: stop it there (a hang).
             limit = min(args.timeout, 3 * und.result.wall) if und.result.wall else args.timeout
-            if args.only != "baseline":
-                spot = Run("gp-spotrun", tmp, etcd.endpoint, args, plain=False)
+            if "spotrun" in only:
+                spot = Run("gp-spotrun", tmp, etcd.endpoint, args, plain=False, spares=args.spares)
                 _attempt("spotrun", run_spotrun, spot, schedule, limit, keep=keep)
-            if args.only != "spotrun":
+            if "no-spare" in only and args.spares > 0:
+                bare = Run("gp-spotrun-nospare", tmp, etcd.endpoint, args, plain=False)
+                _attempt("spotrun without spares", run_spotrun, bare, schedule, limit, keep=keep)
+            if "baseline" in only:
                 base = Run("gp-baseline", tmp, etcd.endpoint, args, plain=True)
                 _attempt("baseline", run_baseline, base, schedule, limit, keep=keep)
-        report(und.result, spot.result if spot else None, base.result if base else None, schedule, args)
+        report(und.result, spot.result if spot else None, base.result if base else None, schedule, args,
+               bare.result if bare else None)
     finally:
         if args.keep:
             print(f"logs kept in {tmp}", file=sys.stderr)

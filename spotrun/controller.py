@@ -66,10 +66,12 @@ class Controller:
         rendezvous = key(self.cluster, "rdzv") + "/"
 
         def on_change(event) -> None:
-            # A rendezvous lease (1 s) ends first when a node dies without a word: look at the
-            # provider then, not up to RESYNC_S later.
-            if event.key.startswith(relevant) or (
-                    event.kind == "delete" and event.key.startswith(rendezvous) and "/alive/" in event.key):
+            # A node that dies without a word shows first as a survivor's "peer lost" report, then
+            # as its rendezvous lease (1 s) ending: look at the provider then, not up to RESYNC_S
+            # later, so a warm spare can join the survivors' re-formation.
+            if event.key.startswith(relevant) or (event.key.startswith(rendezvous) and (
+                    (event.kind == "delete" and "/alive/" in event.key)
+                    or (event.kind == "put" and "/lost/" in event.key))):
                 self._wake.set()
 
         watch = self.store.watch_cluster(self.cluster, on_change)

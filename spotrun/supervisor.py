@@ -135,6 +135,7 @@ class Launcher:
         # PYTHONSAFEPATH: `-m` must not import a `spotrun` directory from the workdir.
         env = {**os.environ, **self.spec.env, "PYTHONSAFEPATH": "1", "SPOTRUN_CONTROL_FILE": str(self.control.path),
                "SPOTRUN_PROGRESS_FILE": str(self.progress_path), "SPOTRUN_CLUSTER": self.cluster,
+               "SPOTRUN_PEER_LOST_FILE": str(self.state_dir / "peer_lost"),
                "SPOTRUN_NODE_ID": self.node, "SPOTRUN_CHECKPOINT_KEEP": str(self.spec.keep)}
         optional = {"SPOTRUN_CHECKPOINT_DIR": self.spec.checkpoint_dir,
                     "SPOTRUN_CHECKPOINT_EVERY_STEPS": self.spec.every_steps,

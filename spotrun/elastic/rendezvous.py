@@ -50,6 +50,10 @@ and waiting keys; default `<host>-<pid>`), `lease_ttl` (s, default 1; an etcd ru
 etcd's default election timeout rounds it up to its minimum, 2 s), `coordinated_join` (default 1), plus torch's `join_timeout`, `last_call_timeout`,
 `close_timeout`, `heartbeat_timeout`, `keep_alive_interval`, `keep_alive_max_attempt`.
 
+Peer lost: a worker that exits because a peer died touches `$SPOTRUN_PEER_LOST_FILE`; the
+handler then puts `.../rdzv/<run_id>/lost/<node>` (bound to its alive lease) as it re-joins, and
+the controller, woken by it, looks at the provider before the dead node's lease has ended.
+
 Creating a handler sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` in this process: torch's shared
 agent TCPStore lives on the rank-0 node and dies with it; the agents share `EtcdStore` instead.
 
@@ -94,6 +98,9 @@ if TYPE_CHECKING:
     from spotrun.store import LeaseKeeper, Store, WatchEvent, WatchHandle
 
 BACKEND_NAME = "spotrun-etcd"
+# A worker that exits because a peer died touches this file (see ElasticTrainer); the handler
+# reports it under `.../lost/<node>` at its next rendezvous.
+PEER_LOST_FILE_ENV = "SPOTRUN_PEER_LOST_FILE"
 _MAGIC = b"spotrun-rdzv/1\n"  # prefix of the stored state blob; anything else is corrupt
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _log = log.get("rendezvous")
@@ -141,6 +148,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         self.state_key = self.prefix + "state"
         self.alive_prefix = self.prefix + "alive/"
         self.waiting_prefix = self.prefix + "waiting/"
+        self.lost_prefix = self.prefix + "lost/"
         self.store_prefix = self.prefix + "store/"
         self.alive: frozenset[str] = frozenset()
         self._cond = threading.Condition()
@@ -599,12 +607,30 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
             self.leave()
             raise RendezvousGracefulExitError(f"node {self.node_id} left the rendezvous {self._settings.run_id!r}")
         self._round = None
+        self._report_peer_lost()
         info = super().next_rendezvous()
         state = self._state_holder.state
         self._round, self._members, self._reported_broken = state.round, frozenset(state.participants), False
         self._on_state(state)
         self._cleanup_old_rounds(info.rank)
         return info
+
+    def _report_peer_lost(self) -> None:
+        """A local worker exited because a peer died (the trainer touched $SPOTRUN_PEER_LOST_FILE):
+        say so under `.../lost/<node>`, so the controller looks at the provider now and a warm spare
+        can join this very round, instead of waking when the dead node's lease ends with it."""
+        path = os.environ.get(PEER_LOST_FILE_ENV)
+        if not path:
+            return
+        try:
+            os.unlink(path)
+        except OSError:
+            return  # no marker: an ordinary re-formation
+        value = json.dumps({"node": self.node_id, "round": self._state_holder.state.round, "at": time.time()})
+        try:
+            self._backend.store.put(self._backend.lost_prefix + self.node_id, value, lease=self._alive.lease_id)
+        except ControlPlaneError as exc:
+            _log.info("could not report the lost peer", extra=log.kv(node=self.node_id, error=exc))
 
     def _cleanup_old_rounds(self, rank: int) -> None:
         """Rank 0 deletes the store keys of rounds older than the previous one (best effort)."""

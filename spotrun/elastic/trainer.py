@@ -20,7 +20,8 @@ What it does for the script:
 
 Configuration comes from arguments or from the environment the node agent sets:
 SPOTRUN_CHECKPOINT_DIR, SPOTRUN_CHECKPOINT_EVERY_STEPS, SPOTRUN_CHECKPOINT_EVERY_SECONDS,
-SPOTRUN_CHECKPOINT_KEEP, SPOTRUN_CONTROL_FILE, SPOTRUN_PROGRESS_FILE, SPOTRUN_COLLECTIVE_TIMEOUT_S.
+SPOTRUN_CHECKPOINT_KEEP, SPOTRUN_CONTROL_FILE, SPOTRUN_PROGRESS_FILE, SPOTRUN_COLLECTIVE_TIMEOUT_S,
+SPOTRUN_PEER_LOST_FILE.
 A checkpoint location may be a directory or an object-storage URL (s3://bucket/prefix).
 """
 
@@ -203,6 +204,7 @@ class ElasticTrainer:
         """A peer died mid-collective: our replica holds the last completed step; save it and go."""
         _say(f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
              f"saving completed step {self.step} before leaving")
+        _mark_peer_lost()
         try:
             self._writer.wait()
             if self.step > 0:
@@ -222,6 +224,17 @@ class ElasticTrainer:
         if not dist.is_initialized():
             timeout = timedelta(seconds=_env("SPOTRUN_COLLECTIVE_TIMEOUT_S", float, 60.0))
             dist.init_process_group("gloo", timeout=timeout)
+
+
+def _mark_peer_lost() -> None:
+    """Tell the launcher (through a file: a forked worker must not use gRPC) that a peer died, so
+    it reports the loss as it re-joins the rendezvous. Best effort."""
+    path = os.environ.get("SPOTRUN_PEER_LOST_FILE")
+    if path:
+        try:
+            Path(path).touch()
+        except OSError:
+            pass
 
 
 def _is_peer_failure(exc: BaseException) -> bool:
