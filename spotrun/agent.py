@@ -179,7 +179,15 @@ class Agent:
         A noticed node leaves in that same re-formation: its replacement swaps in with one
         membership change instead of two."""
         joiner = event.key.rsplit("/", 1)[-1]
-        if event.kind != "put" or self._launcher is None:
+        if self._launcher is None:
+            return
+        if event.kind == "delete":
+            # The joiner got into a re-formation (or went away) before our workers acted on its
+            # join request: new workers must not restart once more for it.
+            if joiner != self.config.node and self._launcher.control.withdraw(f"join:{joiner}"):
+                _log.info("join request withdrawn: the node is no longer waiting", extra=log.kv(joiner=joiner))
+            return
+        if event.kind != "put":
             return
         if joiner == self.config.node:
             if not self._ready_said:  # the launcher reached the rendezvous: this node can take work

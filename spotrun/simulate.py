@@ -52,7 +52,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from spotrun.costs import summarize
 from spotrun.errors import SpotrunError
-from spotrun.plan import Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster, Terminate, plan
+from spotrun.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster,
+                          Terminate, plan)
 from spotrun.records import LedgerSegment
 from spotrun.traces import Trace
 
@@ -370,13 +371,15 @@ class _JobSpec:
     every_seconds: float | None
     max_per_hour: float | None
     max_total: float | None
+    spares: int = 0
 
     @classmethod
     def of(cls, recipe: Any, steps: int) -> "_JobSpec":
         ckpt, budget = recipe.checkpoint, recipe.budget
         return cls(steps, recipe.nodes.target, recipe.nodes.min, recipe.nodes.max,
                    ckpt.every_steps if ckpt else None, ckpt.every_seconds if ckpt else None,
-                   budget.max_per_hour if budget else None, budget.max_total if budget else None)
+                   budget.max_per_hour if budget else None, budget.max_total if budget else None,
+                   recipe.nodes.spares)
 
 
 # -- the simulated world ----------------------------------------------------------------------------
@@ -397,6 +400,7 @@ class _Node:
     left: bool = False
     end: float | None = None  # billing end
     in_world: bool = False
+    standby: bool = False  # a warm spare: billed, never joins until activated
 
     def running(self) -> bool:
         return not self.gone
@@ -715,7 +719,7 @@ def _run_spotrun(sim: _Sim, job: _JobSpec, ideal: float | None) -> PolicyResult:
     """Drive `spotrun.plan.plan` at every instant; apply its actions; play provider and agents."""
     launch_price = min(z.spot_per_hour for z in sim.zones)
     desired = Desired(target=job.target, min=job.min, max=job.max, max_per_hour=job.max_per_hour,
-                      max_total=job.max_total, launch_price=launch_price)
+                      max_total=job.max_total, launch_price=launch_price, spares=job.spares)
     state = {"stopped": False, "note": "", "finished_ids": set()}
 
     def views(s: _Sim) -> list[NodeView]:
@@ -726,7 +730,7 @@ def _run_spotrun(sim: _Sim, job: _JobSpec, ideal: float | None) -> PolicyResult:
             out.append(NodeView(id=n.id, price_per_hour=n.price, gone=n.gone, alive=n.ready(s.t),
                                 ready=n.ready(s.t), noticed=n.noticed, notice_deadline=n.deadline,
                                 leaving=n.leaving, left=n.left, ledger_open=n.end is None,
-                                launched_at=n.launched_at, replaces=n.replaces))
+                                launched_at=n.launched_at, replaces=n.replaces, standby=n.standby))
         return out
 
     def apply(s: _Sim, action: Any) -> bool:
@@ -736,9 +740,16 @@ def _run_spotrun(sim: _Sim, job: _JobSpec, ideal: float | None) -> PolicyResult:
                 zone = next((z for z in s.zones_by_price() if s.free(z) > 0), None)
                 if zone is None:
                     break  # no capacity: the controller's launch fails; a later pass tries again
-                s.launch(zone, action.replaces[i] if i < len(action.replaces) else None)
+                node = s.launch(zone, action.replaces[i] if i < len(action.replaces) else None)
+                node.standby = i >= action.count - action.standby  # spares last, as the provisioner does
                 made += 1
             return made > 0
+        if isinstance(action, Activate):
+            spare = s.nodes.get(action.node)
+            if spare is None or not spare.standby:
+                return False
+            spare.standby = False
+            return True
         node = s.nodes.get(getattr(action, "node", ""))
         if isinstance(action, Drain) and node is not None:
             if node.leaving:
@@ -788,8 +799,8 @@ def _run_spotrun(sim: _Sim, job: _JobSpec, ideal: float | None) -> PolicyResult:
                 changed = apply(s, action) or changed
             joined = False
             for node in s.nodes.values():  # ready agents that stay join the training job
-                if node.ready(s.t) and not node.in_world and not node.leaving and not state["stopped"] \
-                        and s.world < job.max:
+                if node.ready(s.t) and not node.in_world and not node.leaving and not node.standby \
+                        and not state["stopped"] and s.world < job.max:
                     s.join(node)
                     joined = True
             if not (changed or joined):

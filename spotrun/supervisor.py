@@ -62,6 +62,24 @@ class ControlFile:
             os.replace(tmp, self.path)
             return seq
 
+    def withdraw(self, reason: str) -> bool:
+        """Mark the newest request served if it is the only one pending and was made for `reason`
+        (a join whose node got into a re-formation anyway): workers starting now then skip a
+        checkpoint-and-restart that would admit nobody. True if withdrawn."""
+        served = self.path.with_name(self.path.name + ".served")  # the trainer's record
+        with self._lock:
+            try:
+                newest = json.loads(self.path.read_text())
+                done = int(served.read_text()) if served.exists() else 0
+            except (OSError, ValueError):
+                return False
+            if newest.get("reason") != reason or int(newest.get("seq", 0)) != done + 1:
+                return False
+            tmp = served.with_name(f".{served.name}.agent")
+            tmp.write_text(str(done + 1))
+            os.replace(tmp, served)
+            return True
+
 
 class Launcher:
     """Supervises `python -m spotrun.elastic.launch`: restarts it while the node should train."""

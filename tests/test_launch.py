@@ -261,3 +261,29 @@ def test_silently_vanished_node_is_dropped_by_its_lease(job: Job, etcd_server) -
     t1 = job.first_step_at(1, t0, ["n1"])
     _report("silent vanish, SIGSTOP (stop -> first step at world 1)", t1 - t0)
     assert t1 - t0 < BOUND_S  # not the 60 s collective timeout
+
+
+@pytest.mark.slow
+def test_parked_spare_stays_out_until_activated_or_leaves_without_joining(job: Job, etcd_server) -> None:
+    st = store_mod.connect([etcd_server.endpoint])
+    try:
+        job.start("n1")
+        job.form(1, ["n1"], st)
+        parked, leaver = job.tmp / "n2.standby", job.tmp / "n3.standby"
+        parked.touch()
+        leaver.touch()
+        job.start("n2", "--standby-file", str(parked))
+        job.start("n3", "--standby-file", str(leaver))
+        alive = store_mod.key(job.cluster, "rdzv", job.cluster) + "/alive/"
+        time.sleep(8)  # past torch's import: a launcher that did not park would be in the rendezvous
+        assert {k.rsplit("/", 1)[-1] for k, _, _ in st.get_prefix(alive)} == {"n1"}, "spares stay out"
+        assert job.launchers["n1"].steps()[-1][1] == 1
+        job.launchers["n3"].signal(signal.SIGUSR1)
+        assert job.launchers["n3"].proc.wait(30) == 0, "a spare told to leave while parked exits 0"
+        assert not job.launchers["n3"].steps()
+        activated = time.time()
+        parked.unlink()
+        job.form(2, ["n1", "n2"], st)
+        _report("spare activated -> first step at world 2", job.first_step_at(2, activated, ["n1", "n2"]) - activated)
+    finally:
+        st.close()
