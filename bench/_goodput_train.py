@@ -52,12 +52,17 @@ def main() -> None:
     torch.set_num_threads(1)
     here = os.path.dirname(os.path.abspath(__file__))
     images, labels = torch.load(os.path.join(here, "data.pt"))
+    t_data = time.time()
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     trainer = ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch,
                              dataset_len=len(labels))
     out = None
+    folder = Path(os.environ.get("STEPS_LOG_DIR", here))
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"ranks-{os.environ.get('SPOTRUN_NODE_ID', 'node')}.txt", "a") as f:
+        f.write(f"RANK {trainer.rank} T0 {T0:.6f} TD {t_data:.6f} T1 {time.time():.6f}\n")
     if trainer.rank == 0:
         folder = Path(os.environ.get("STEPS_LOG_DIR", here))
         folder.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,8 @@ _log = log.get("down")
 
 # What a cluster keeps in etcd after `down` (its history) unless purged.
 KEPT_KINDS = ("spec", "checkpoints", "ledger", "events")
-DROPPED_KINDS = ("target", "nodes", "alive", "notices", "progress", "rdzv", "launches", "chaos", "stopped")
+DROPPED_KINDS = ("target", "nodes", "alive", "notices", "progress", "rdzv", "launches", "chaos", "stopped",
+                 "standby")
 
 
 @dataclass

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -42,6 +43,7 @@ import torch.distributed as dist
 from spotrun.elastic import checkpoint, remote_checkpoint
 
 EXIT_REFORM = 75  # workers exit with this after an agreed checkpoint: "re-form the group", not a failure
+STORE_POLL_S = 0.01
 
 
 def _env(name: str, cast, default):
@@ -223,7 +225,23 @@ class ElasticTrainer:
     def _init_group() -> None:
         if not dist.is_initialized():
             timeout = timedelta(seconds=_env("SPOTRUN_COLLECTIVE_TIMEOUT_S", float, 60.0))
+            if _env("RANK", int, 0) != 0 and "MASTER_ADDR" in os.environ:
+                _wait_for_store(os.environ["MASTER_ADDR"], _env("MASTER_PORT", int, 0), timeout.total_seconds())
             dist.init_process_group("gloo", timeout=timeout)
+
+
+def _wait_for_store(host: str, port: int, timeout: float) -> None:
+    """Wait until rank 0's TCPStore accepts connections. Ranks start within milliseconds of each
+    other after a re-formation, and a TCPStore client refused even once backs off for about 0.6 s:
+    polling first makes init_process_group's own connect succeed at once. Gives up silently at
+    `timeout` (init_process_group then reports the problem)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(STORE_POLL_S)
 
 
 def _mark_peer_lost() -> None:
