@@ -8,6 +8,10 @@ $STEPS_LOG_DIR/<node>.log (the cluster's shared directory: the lines outlive the
     BOOT WORLD <w> T0 <script start> T1 <trainer ready> RESUMED <step|None>   once per worker start
     STEP <n> WORLD <w> T <time.time()>                                        every step
 
+and every rank (one per node) appends, once per worker start, where its start-up time went:
+
+    RANK <r> T0 <script start> TD <data loaded> T1 <trainer ready: process group, DDP, resume>
+
 Each step also sleeps `--delay` x (this node's share of the global batch) x `--ref-world`: the
 time a node's own accelerator would spend on its share. The bench's VMs share two CPU cores, so
 real compute cannot show that fewer nodes make each step slower; the sleep does (a step at world
@@ -58,15 +62,14 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     trainer = ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch,
                              dataset_len=len(labels))
-    out = None
     folder = Path(os.environ.get("STEPS_LOG_DIR", here))
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"ranks-{os.environ.get('SPOTRUN_NODE_ID', 'node')}.txt", "a") as f:
+    log = folder / f"{os.environ.get('SPOTRUN_NODE_ID', 'node')}.log"  # one rank per node
+    with open(log, "a") as f:
         f.write(f"RANK {trainer.rank} T0 {T0:.6f} TD {t_data:.6f} T1 {time.time():.6f}\n")
+    out = None
     if trainer.rank == 0:
-        folder = Path(os.environ.get("STEPS_LOG_DIR", here))
-        folder.mkdir(parents=True, exist_ok=True)
-        out = open(folder / f"{os.environ.get('SPOTRUN_NODE_ID', 'node')}.log", "a")
+        out = open(log, "a")
         out.write(f"BOOT WORLD {trainer.world_size} T0 {T0:.6f} T1 {time.time():.6f} RESUMED {trainer.resumed_from}\n")
         out.flush()
     with trainer:

@@ -107,6 +107,7 @@ class Result:
     step_s: float | None = None  # median seconds per step
     reached: int = 0  # highest step completed
     boots: int = 0  # worker starts of rank 0 (1 + every re-formation or relaunch)
+    trainer_init_s: list[float] = field(default_factory=list)  # per rank start: process group, DDP, resume
     error: str | None = None
 
     @property
@@ -123,6 +124,7 @@ class Steps:
         self._partial: dict[Path, str] = {}
         self.steps: list[tuple[float, int, int, str]] = []  # (t, step, world, node)
         self.boots: list[tuple[float, float, int, str]] = []  # (t0, t1, resumed, node)
+        self.inits: list[float] = []  # every rank's data loaded -> trainer ready, per worker start
 
     def refresh(self) -> None:
         for path in sorted(self.folder.glob("*.log")):
@@ -143,6 +145,8 @@ class Steps:
                         self.steps.append((float(w[5]), int(w[1]), int(w[3]), path.stem))
                     elif w[:1] == ["BOOT"]:
                         self.boots.append((float(w[4]), float(w[6]), 0 if w[8] == "None" else int(w[8]), path.stem))
+                    elif w[:1] == ["RANK"]:
+                        self.inits.append(float(w[7]) - float(w[5]))
                 except (IndexError, ValueError):
                     pass
 
@@ -239,7 +243,7 @@ class Run:
         from spotrun.store import connect
 
         r, steps = self.result, sorted(self.steps.steps)
-        r.lines, r.boots = len(steps), len(self.steps.boots)
+        r.lines, r.boots, r.trainer_init_s = len(steps), len(self.steps.boots), list(self.steps.inits)
         r.reached = max((s[1] for s in steps), default=0)
         r.recomputed = len(steps) - len({s[1] for s in steps})
         gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:])]
@@ -481,6 +485,8 @@ def report(und: Result, spot: Result | None, base: Result | None, schedule: list
            "note": "ledger segments of every VM of the run (spares included), launch -> last step"})
     detail = {r.name: {"median_step_s": _r(r.step_s, 4), "world_s": {k: round(v, 1) for k, v in sorted(r.world_s.items())},
                        "worker_starts": r.boots, "stall_s": round(sum(s["s"] for s in r.stalls), 2),
+                       "trainer_init_s": {"median": _r(statistics.median(r.trainer_init_s) if r.trainer_init_s else None, 3),
+                                          "max": _r(max(r.trainer_init_s, default=None), 3)},
                        "stalls_n": len(r.stalls), "largest_stalls": sorted(r.stalls, key=lambda s: -s["s"])[:6],
                        "events": r.fired}
               for r in (und, spot, bare, base) if r is not None}

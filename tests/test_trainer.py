@@ -126,3 +126,28 @@ def test_hard_kill_survivor_saves_last_completed_step(tmp_path: Path) -> None:
     resumed = Group(tmp_path, 1, survivor_last + 3, "after")
     assert resumed.wait() == [0]
     assert resumed.steps(0) == [survivor_last + 1, survivor_last + 2, survivor_last + 3]
+
+
+def test_non_zero_ranks_wait_for_the_store_to_listen_then_connect_at_once() -> None:
+    import threading
+
+    from spotrun.elastic.trainer import _wait_for_store
+
+    port = _free_port()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def listen_later() -> None:
+        time.sleep(0.3)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+
+    threading.Thread(target=listen_later, daemon=True).start()
+    started = time.monotonic()
+    _wait_for_store("127.0.0.1", port, timeout=10.0)
+    waited = time.monotonic() - started
+    server.close()
+    assert 0.25 <= waited < 5.0, f"returned after {waited:.2f} s: before the store listened, or far after"
+    started = time.monotonic()
+    _wait_for_store("127.0.0.1", _free_port(), timeout=0.2)  # nothing ever listens: gives up quietly
+    assert time.monotonic() - started < 2.0
