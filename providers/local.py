@@ -111,10 +111,11 @@ class LocalProvider:
     def instances(self, cluster: str) -> list[Instance]:
         """Every VM of `cluster` in any state, observed now (processes, ports, files). Non-blocking."""
         found = []
+        ports = _listening_ports()  # one read of /proc/net/tcp for all VMs: it is long on a busy host
         for files in self._all_vms():
             labels = read_json(files.labels)
             if labels is not None and labels.get("cluster") == cluster:
-                found.append(self._instance(files, labels))
+                found.append(self._instance(files, labels, ports))
         return sorted(found, key=lambda i: (i.launched_at, i.id))
 
     def terminate(self, ids: Sequence[str]) -> None:
@@ -139,7 +140,7 @@ class LocalProvider:
         labels = read_json(files.labels)
         if labels is None:
             raise NotFoundError(f"local VM {instance_id!r} does not exist", hint=f"looked in {self.root / 'vms'}")
-        state, _ = self._observe(files, labels)
+        state, _ = self._observe(files, labels, _listening_ports())
         if state not in (InstanceState.RUNNING, InstanceState.PENDING):
             raise ProviderError(f"local VM {instance_id} is {state.value}; only a running VM can be preempted")
         notice = arm_notice(files.root, notice_seconds)
@@ -328,14 +329,16 @@ class LocalProvider:
                                     hint=f"check processes {self._pids(files)}")
             time.sleep(0.01)
 
-    def _observe(self, files: VmFiles, labels: Mapping[str, Any]) -> tuple[InstanceState, str | None]:
+    def _observe(self, files: VmFiles, labels: Mapping[str, Any],
+                 ports: frozenset[int]) -> tuple[InstanceState, str | None]:
+        """The VM's state; `ports` are the loopback ports something listens on (_listening_ports)."""
         if files.terminated.exists():
             return InstanceState.TERMINATED, None
         if (failed := read_json(files.failed)) is not None:
             return InstanceState.FAILED, failed.get("reason")
         state = read_json(files.state) or {}
         if self._pids(files):
-            running = state.get("phase") == "running" and _listening(int(state.get("ssh_port", 0)))
+            running = state.get("phase") == "running" and int(state.get("ssh_port", 0)) in ports
             return (InstanceState.RUNNING if running else InstanceState.PENDING), None
         if (notice := read_notice(files.root)) is not None:
             return InstanceState.PREEMPTED, (f"spot preemption: notice at {iso_utc(notice.notice_at)}, "
@@ -344,9 +347,9 @@ class LocalProvider:
             return InstanceState.PENDING, None  # labelled, its launcher has not started it yet
         return InstanceState.FAILED, state.get("reason") or f"the VM's processes are gone (log: {files.log})"
 
-    def _instance(self, files: VmFiles, labels: Mapping[str, Any]) -> Instance:
+    def _instance(self, files: VmFiles, labels: Mapping[str, Any], ports: frozenset[int]) -> Instance:
         config, state = read_json(files.config) or {}, read_json(files.state) or {}
-        offer, (vm_state, reason) = labels.get("offer", {}), self._observe(files, labels)
+        offer, (vm_state, reason) = labels.get("offer", {}), self._observe(files, labels, ports)
         notice = read_notice(files.root)
         spot = bool(offer.get("spot", True))
         return Instance(
@@ -417,14 +420,14 @@ def _is_ours(pid: int, vm_dir: Path, marker: str) -> bool:
     return str(vm_dir) in args and any(marker == a or a.endswith(f"/{marker}") for a in args)
 
 
-def _listening(port: int) -> bool:
-    """Whether something listens on 127.0.0.1:port (read from /proc, so sshd sees no connection)."""
-    needle = f"0100007F:{port:04X}"
+def _listening_ports() -> frozenset[int]:
+    """Ports something listens on at 127.0.0.1 (read from /proc, so sshd sees no connection)."""
     try:
         lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
     except OSError:
-        return False
-    return any(f[1] == needle and f[3] == "0A" for f in (line.split() for line in lines))
+        return frozenset()
+    rows = (line.split() for line in lines)
+    return frozenset(int(f[1][9:], 16) for f in rows if f[3] == "0A" and f[1].startswith("0100007F:"))
 
 
 def _answers(vm_id: str, state: Mapping[str, Any]) -> bool:
