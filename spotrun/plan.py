@@ -12,7 +12,7 @@ No I/O here, so every rule is unit-tested and the simulator can reuse it tick by
 - a launch decided earlier but not finished (a crash between intent and result) is re-issued with
   its idempotency key, never as a new launch;
 - warm spares (`nodes.spares`) stand outside the target: a gap in the target is filled by
-  activating spares first (they joined in about a second, a launch needs a VM boot), then by
+  activating spares first (they join in about a second, a launch waits for a VM boot), then by
   launching; spares used up are launched again, spares no longer wanted are terminated.
 """
 
