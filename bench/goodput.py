@@ -1,13 +1,15 @@
 """Goodput: the quickstart job through a fixed preemption schedule, spotrun against relaunch-all.
 
-Three runs of the same job (bench/_goodput_train.py: the quickstart CNN, `--steps` steps of a
+Four runs of the same job (bench/_goodput_train.py: the quickstart CNN, `--steps` steps of a
 global batch of 48, `--delay` s of emulated accelerator time per step at world 3, 1.5x that at
 world 2: see _goodput_train.py) on 3 local VMs (real sshd VMs, agents, etcd
 rendezvous, a private etcd), one after the other:
 
 - undisturbed: no preemption; the controller runs. Wall time T0 = first step -> last step.
 - spotrun: the controller keeps the cluster at 3 while the schedule preempts (the agents act on
-  notices, the trainer saves agreed and emergency checkpoints). Wall time T1.
+  notices, the trainer saves agreed and emergency checkpoints), with `--spares` (default 1) warm
+  spares: billed, parked outside the job, never a schedule's victim. Wall time T1.
+- spotrun without spares: the same with `nodes.spares: 0` (case `goodput without spares`).
 - baseline "relaunch-all" (what SkyPilot's managed jobs do): the same script with `--plain`
   (periodic checkpoints every `--every` steps only: no emergency save, and no notice reaches a
   VM, so no agreed checkpoint either). The controller is stopped after each `up`. Each
@@ -18,8 +20,8 @@ rendezvous, a private etcd), one after the other:
   Wall time T_baseline.
 
 The schedule (`--schedule`, `AT:NOTICE[:INDEX]` entries) is in seconds after the run's first
-step, the same for both disturbed runs; INDEX picks the victim among the live, not yet noticed
-VMs in launch order (mod their count). Victims may hold rank 0.
+step, the same for every disturbed run; INDEX picks the victim among the live, not yet noticed
+training VMs (never a spare) in launch order (mod their count). Victims may hold rank 0.
 
 Time is compressed: an 8 s notice stands for AWS's 2 minutes (15x). At the same scale every VM
 takes `--boot` = 8 s from launch to SSH (local VMs' `boot_s`: about 2 minutes of a real GPU VM's
@@ -30,12 +32,14 @@ far harsher than any public spot trace. `--boot 0 --steps 1000 --schedule
 
 Cases (one JSON line each, bench format of the design notes):
   goodput              useful steps per wall-second relative to undisturbed: T0/T1 and T0/T_baseline
+  goodput without spares  the same for spotrun with no warm spare
   steps recomputed     step numbers completed more than once (rank 0's log lines, all nodes)
   cost per 1000 steps  $ from the ledger (every segment of every VM of the run, from launch to
-                       the last step), / steps * 1000. Local VMs are priced `--price` $/h each.
+                       the last step, spares included), / steps * 1000. Local VMs are priced
+                       `--price` $/h each.
 Goal: goodput >= 0.9 for spotrun, and >= 1.5x the baseline's.
 
-Run as root: .venv/bin/python bench/goodput.py [--only spotrun|baseline] [--keep]
+Run as root: .venv/bin/python bench/goodput.py [--only spotrun,no-spare,baseline] [--spares 1] [--keep]
 """
 
 from __future__ import annotations
