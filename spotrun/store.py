@@ -327,7 +327,11 @@ class Store:
 
     def list_alive(self, cluster: str) -> set[str]:
         """Ids of nodes whose liveness key exists (their lease has not expired)."""
-        prefix = key(cluster, "alive") + "/"
+        return self._ids(cluster, "alive")
+
+    def _ids(self, cluster: str, kind: str) -> set[str]:
+        """The item names under `/spotrun/<cluster>/<kind>/`."""
+        prefix = key(cluster, kind) + "/"
         return {k[len(prefix):] for k, _, _ in self.get_prefix(prefix)}
 
     @_boundary
@@ -364,8 +368,7 @@ class Store:
 
     def list_standby(self, cluster: str) -> set[str]:
         """Ids of the warm spares not yet activated."""
-        prefix = key(cluster, "standby") + "/"
-        return {k[len(prefix):] for k, _, _ in self.get_prefix(prefix)}
+        return self._ids(cluster, "standby")
 
     def activate_standby(self, cluster: str, node: str) -> bool:
         """Turn a warm spare into a training node; False if it was not one. Idempotent."""

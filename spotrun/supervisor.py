@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spotrun import log
+from spotrun.elastic import PEER_LOST_FILE_ENV, served_path
 from spotrun.records import CheckpointRecord, Progress
 
 _log = log.get("supervisor")
@@ -66,7 +67,7 @@ class ControlFile:
         """Mark the newest request served if it is the only one pending and was made for `reason`
         (a join whose node got into a re-formation anyway): workers starting now then skip a
         checkpoint-and-restart that would admit nobody. True if withdrawn."""
-        served = self.path.with_name(self.path.name + ".served")  # the trainer's record
+        served = served_path(self.path)  # the trainer's record
         with self._lock:
             try:
                 newest = json.loads(self.path.read_text())
@@ -153,7 +154,7 @@ class Launcher:
         # PYTHONSAFEPATH: `-m` must not import a `spotrun` directory from the workdir.
         env = {**os.environ, **self.spec.env, "PYTHONSAFEPATH": "1", "SPOTRUN_CONTROL_FILE": str(self.control.path),
                "SPOTRUN_PROGRESS_FILE": str(self.progress_path), "SPOTRUN_CLUSTER": self.cluster,
-               "SPOTRUN_PEER_LOST_FILE": str(self.state_dir / "peer_lost"),
+               PEER_LOST_FILE_ENV: str(self.state_dir / "peer_lost"),
                "SPOTRUN_NODE_ID": self.node, "SPOTRUN_CHECKPOINT_KEEP": str(self.spec.keep)}
         optional = {"SPOTRUN_CHECKPOINT_DIR": self.spec.checkpoint_dir,
                     "SPOTRUN_CHECKPOINT_EVERY_STEPS": self.spec.every_steps,

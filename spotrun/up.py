@@ -108,6 +108,6 @@ def _reconcile(recipe: Recipe, record: ClusterFile, store: Store, ssh_timeouts: 
         _log.info("launch finished", extra=log.kv(launched=len(launched), seconds=round(time.monotonic() - started, 2)))
         provisioner.bootstrap(todo)
     _log.info("bootstrap finished", extra=log.kv(nodes=len(todo), seconds=round(time.monotonic() - started, 2)))
-    training = [i for i in live if i.id not in store.list_standby(cluster)]
+    training = [i for i in live if i.id not in spares]  # up itself launches no spare
     store.add_event(cluster, "up", f"cluster at {len(training)} of target {recipe.nodes.target} nodes")
     return UpResult(cluster, launched, [i.id for i in todo], [i.id for i in live])

@@ -92,15 +92,13 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from spotrun import log
 from spotrun import store as store_mod
+from spotrun.elastic import PEER_LOST_FILE_ENV
 from spotrun.errors import ControlPlaneError
 
 if TYPE_CHECKING:
     from spotrun.store import LeaseKeeper, Store, WatchEvent, WatchHandle
 
 BACKEND_NAME = "spotrun-etcd"
-# A worker that exits because a peer died touches this file (see ElasticTrainer); the handler
-# reports it under `.../lost/<node>` at its next rendezvous.
-PEER_LOST_FILE_ENV = "SPOTRUN_PEER_LOST_FILE"
 _MAGIC = b"spotrun-rdzv/1\n"  # prefix of the stored state blob; anything else is corrupt
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _log = log.get("rendezvous")

@@ -40,7 +40,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from spotrun.elastic import checkpoint, remote_checkpoint
+from spotrun.elastic import PEER_LOST_FILE_ENV, checkpoint, remote_checkpoint, served_path
 
 EXIT_REFORM = 75  # workers exit with this after an agreed checkpoint: "re-form the group", not a failure
 STORE_POLL_S = 0.01
@@ -247,7 +247,7 @@ def _wait_for_store(host: str, port: int, timeout: float) -> None:
 def _mark_peer_lost() -> None:
     """Tell the launcher (through a file: a forked worker must not use gRPC) that a peer died, so
     it reports the loss as it re-joins the rendezvous. Best effort."""
-    path = os.environ.get("SPOTRUN_PEER_LOST_FILE")
+    path = os.environ.get(PEER_LOST_FILE_ENV)
     if path:
         try:
             Path(path).touch()
@@ -274,7 +274,7 @@ class _ControlFile:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._mtime = 0.0
-        self._served = path.with_name(path.name + ".served") if path else None
+        self._served = served_path(path) if path else None
         self._baseline = self._read_served()
 
     def _read_served(self) -> int:
