@@ -23,7 +23,7 @@ from pathlib import Path
 from spotrun import log
 from spotrun.errors import ControlPlaneError, SpotrunError
 from spotrun.records import NodeRecord, NodeState, Notice, decode
-from spotrun.store import LeaseKeeper, Store, WatchEvent, connect, key
+from spotrun.store import LeaseKeeper, Store, WatchEvent, connect, key, rdzv_key
 
 _log = log.get("agent")
 
@@ -172,7 +172,7 @@ class Agent:
             self._guard(lambda: self._set_state(NodeState.RUNNING, "warm spare activated"))
 
     def _waiting_prefix(self) -> str:
-        return key(self.config.cluster, "rdzv") + f"/{self.config.cluster}/waiting/"
+        return rdzv_key(self.config.cluster, self.config.cluster, "waiting")
 
     def _on_waiting(self, event: WatchEvent) -> None:
         """Another node waits to join: checkpoint at the next step so the group re-forms with it.

@@ -30,7 +30,7 @@ from spotrun.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch
 from spotrun.provisioning import Provisioner, cluster_lock
 from spotrun.agent import LEFT_REASON
 from spotrun.records import NodeState
-from spotrun.store import Store, key
+from spotrun.store import Store, key, rdzv_key
 
 _log = log.get("controller")
 
@@ -40,6 +40,7 @@ MIN_PASS_INTERVAL_S = 0.2
 _PLAN_INPUTS = ("spec", "target", "nodes", "alive", "notices", "launches", "stopped", "standby")
 AVOID_ZONE_S = 300.0  # a zone that just preempted a node is tried last for this long
 PRICE_REFRESH_S = 300.0  # how often live spot prices are re-read into the ledger
+JOIN_WAIT_S = 5.0  # how long a gone node's rendezvous key waits for an activated spare to reach the rendezvous
 
 
 class Controller:
@@ -57,6 +58,10 @@ class Controller:
         self._replay: list | None = None
         self._preempted_zones: dict[str, float] = {}
         self._said: set[str] = set()
+        # Rendezvous membership of gone VMs, released once activated spares are in (see _release_gone).
+        self._members_lock = threading.Lock()
+        self._gone_members: set[str] = set()
+        self._joining: dict[str, float] = {}
 
     # -- loop -----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -64,6 +69,7 @@ class Controller:
         prefix = key(self.cluster, "")
         relevant = tuple(prefix + kind for kind in _PLAN_INPUTS)
         rendezvous = key(self.cluster, "rdzv") + "/"
+        members = rdzv_key(self.cluster, self.cluster, "alive")
 
         def on_change(event) -> None:
             # A node that dies without a word shows first as a survivor's "peer lost" report, then
@@ -73,6 +79,8 @@ class Controller:
                     (event.kind == "delete" and "/alive/" in event.key)
                     or (event.kind == "put" and "/lost/" in event.key))):
                 self._wake.set()
+            if event.kind == "put" and event.key.startswith(members):
+                self._spare_arrived(event.key[len(members):])
 
         watch = self.store.watch_cluster(self.cluster, on_change)
         self.event_once("controller", f"controller started (pid {os.getpid()})")
@@ -98,6 +106,7 @@ class Controller:
             actions = plan(desired, observed)
             for action in actions:
                 self._apply(action, instances)
+            self._release_gone()
             if not observed.stopped:
                 self._bootstrap_missing()  # VMs that came up without a live agent (crashes, slow boots)
                 self._chaos(instances)
@@ -148,7 +157,7 @@ class Controller:
         one waiting to join the rendezvous or already reporting steps."""
         if not self.record.train:
             return alive
-        waiting = key(self.cluster, "rdzv") + f"/{self.cluster}/waiting/"
+        waiting = rdzv_key(self.cluster, self.cluster, "waiting")
         joining = {k[len(waiting):] for k, _, _ in self.store.get_prefix(waiting)}
         return alive & (joining | {p.node for p in self.store.list_progress(self.cluster)})
 
@@ -175,6 +184,8 @@ class Controller:
         if isinstance(action, Launch):
             self._launch(action)
         elif isinstance(action, Activate):
+            with self._members_lock:
+                self._joining[action.node] = time.monotonic()
             if self.store.activate_standby(self.cluster, action.node):
                 self.store.add_event(self.cluster, "activate", f"{action.node}: {action.reason}", action.node)
         elif isinstance(action, Drain):
@@ -272,8 +283,38 @@ class Controller:
         self.store.add_event(self.cluster, state.value, f"{inst.id} {state.value}: {inst.reason or 'gone'}", inst.id)
 
     def _forget_liveness(self, node: str) -> None:
-        """The provider says the VM is gone: its lease would linger until its TTL; drop it now."""
+        """The provider says the VM is gone: its leases would linger until their TTL; drop them now
+        (its rendezvous membership once activated spares are in: see _release_gone)."""
         self.store.delete(key(self.cluster, "alive", node))
+        with self._members_lock:
+            self._gone_members.add(node)
+
+    def _spare_arrived(self, node: str) -> None:
+        """An activated spare's rendezvous key appeared (a watch event): the survivors' round now
+        waits for it, so a gone node's key need not hold that round open any longer."""
+        with self._members_lock:
+            if self._joining.pop(node, None) is None:
+                return
+        try:
+            self._release_gone()
+        except SpotrunError as exc:  # the next pass retries; the gone node's lease ends anyway
+            _log.info("could not release gone nodes", extra=log.kv(error=exc))
+
+    def _release_gone(self) -> None:
+        """Delete the rendezvous keys of VMs the provider reports gone. Survivors hold a round open
+        while a node's key lives (up to its 1 s lease after a hard kill); deleting it lets the round
+        close at once. While an activated spare has not reached the rendezvous yet, the gone
+        node's key is what keeps the round open for it: then wait (at most JOIN_WAIT_S)."""
+        with self._members_lock:
+            now = time.monotonic()
+            self._joining = {n: at for n, at in self._joining.items() if now - at < JOIN_WAIT_S
+                             and self.store.get(rdzv_key(self.cluster, self.cluster, "alive", n)) is None}
+            if self._joining or not self._gone_members:
+                return
+            gone, self._gone_members = self._gone_members, set()
+        for node in sorted(gone):
+            if self.store.delete(rdzv_key(self.cluster, self.cluster, "alive", node)):
+                _log.info("released a gone node's rendezvous membership", extra=log.kv(node=node))
 
     def _end_billing(self, node: str) -> None:
         segments = self.store.get_ledger(self.cluster, node)

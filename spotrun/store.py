@@ -108,6 +108,12 @@ def key(cluster: str, kind: str, item: str | int | None = None) -> str:
     return f"{base}/{item:012d}" if isinstance(item, int) else f"{base}/{_check_name(f'{kind} id', item)}"
 
 
+def rdzv_key(cluster: str, run_id: str, kind: str, node: str = "") -> str:
+    """`.../rdzv/<run_id>/<kind>/<node>`: the elastic rendezvous' keys (kind: alive, waiting, lost);
+    with no node, the prefix of that kind. spotrun's runs use the cluster name as run id."""
+    return f"{key(cluster, 'rdzv', run_id)}/{kind}/{node}"
+
+
 def _parse_endpoint(url: str) -> tuple[str, int, bool]:
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme not in ("http", "https") or not parts.hostname:

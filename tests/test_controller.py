@@ -16,6 +16,7 @@ from spotrun.controller import Controller, running_pid, start_daemon, stop_daemo
 from spotrun.control_plane import connect_recipe
 from spotrun.provisioning import Provisioner
 from spotrun.scaling import set_target
+from spotrun.store import LeaseKeeper, rdzv_key
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ resources:
   - provider: local
     instance_type: cpu-small
     prices: {{spot: 0.10, on_demand: 0.40}}
-nodes: {{min: 1, max: 4, target: {target}}}
+nodes: {{min: 1, max: 4, target: {target}, spares: {spares}}}
 workdir: work
 run: python train.py
 control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
@@ -44,9 +45,10 @@ def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
     (tmp_path / "work" / "train.py").write_text("print('hi')\n")
     made: list[str] = []
 
-    def make(name: str, target: int = 2, extra: str = "") -> str:
+    def make(name: str, target: int = 2, extra: str = "", spares: int = 0) -> str:
         path = tmp_path / f"{name}.yaml"
-        path.write_text(RECIPE.format(name=name, target=target, endpoint=etcd_server.endpoint, extra=extra))
+        path.write_text(RECIPE.format(name=name, target=target, spares=spares, endpoint=etcd_server.endpoint,
+                                      extra=extra))
         made.append(name)
         up(path, train=False, reporter_factory=QuietReporter)
         stop_daemon(name)  # tests drive the controller themselves unless they start the daemon
@@ -118,6 +120,60 @@ def test_hard_kill_is_replaced_and_ledger_closed(cluster_env) -> None:
         assert all(s.end is not None for s in store.get_ledger(name, victim))
         assert len(_live(store, name)) == 2 and len(store.list_alive(name)) == 2
         assert controller.reconcile_once() == [], "a settled cluster needs nothing"
+
+
+def _rendezvous_member(store, name: str, node: str) -> LeaseKeeper:
+    """What a node's launcher holds in the rendezvous; 30 s, so only a release can end it in a test."""
+    return LeaseKeeper(store, rdzv_key(name, name, "alive", node), json.dumps({"node": node}), 30)
+
+
+def test_gone_node_leaves_the_rendezvous_at_once(cluster_env) -> None:
+    from spotrun.node_ops import preempt
+
+    name = cluster_env("release", target=2)
+    controller, store = _controller(name)
+    with store:
+        victim, survivor = (n.id for n in store.list_nodes(name))
+        member = _rendezvous_member(store, name, victim)
+        kept = _rendezvous_member(store, name, survivor)
+        preempt(name, victim, 0)
+        controller.reconcile_once()
+        assert store.get(rdzv_key(name, name, "alive", victim)) is None, "survivors need not wait for its lease"
+        assert store.get(rdzv_key(name, name, "alive", survivor)) is not None
+        member.stop(revoke=True)
+        kept.stop(revoke=True)
+
+
+def test_gone_node_holds_the_rendezvous_until_the_activated_spare_is_in(cluster_env) -> None:
+    import threading
+
+    from spotrun.node_ops import preempt
+
+    name = cluster_env("handover", target=2, spares=1)
+    controller, store = _controller(name)
+    with store:
+        controller.reconcile_once()  # `up` launches no spare: the controller does
+        spare = next(iter(store.list_standby(name)))
+        victim = next(n.id for n in store.list_nodes(name) if n.id != spare)
+        member = _rendezvous_member(store, name, victim)
+        preempt(name, victim, 0)
+        actions = controller.reconcile_once()
+        assert any(type(a).__name__ == "Activate" and a.node == spare for a in actions)
+        # Until the spare's launcher is in the rendezvous, the gone node's key keeps the
+        # survivors' round open for it.
+        assert store.get(rdzv_key(name, name, "alive", victim)) is not None
+        stop = threading.Event()
+        loop = threading.Thread(target=controller.run, args=(stop,), daemon=True)
+        loop.start()
+        try:
+            arrived = _rendezvous_member(store, name, spare)
+            _until(lambda: store.get(rdzv_key(name, name, "alive", victim)) is None, timeout=10)
+        finally:
+            stop.set()
+            loop.join(10)
+        assert store.get(rdzv_key(name, name, "alive", spare)) is not None
+        arrived.stop(revoke=True)
+        member.stop(revoke=True)
 
 
 def test_scale_up_and_down_most_expensive_first(cluster_env) -> None:

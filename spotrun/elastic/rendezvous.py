@@ -144,9 +144,9 @@ class EtcdRendezvousBackend(RendezvousBackend):
         self.cluster, self.run_id = cluster, run_id
         self.prefix = store_mod.key(cluster, "rdzv", run_id) + "/"
         self.state_key = self.prefix + "state"
-        self.alive_prefix = self.prefix + "alive/"
-        self.waiting_prefix = self.prefix + "waiting/"
-        self.lost_prefix = self.prefix + "lost/"
+        self.alive_prefix = store_mod.rdzv_key(cluster, run_id, "alive")
+        self.waiting_prefix = store_mod.rdzv_key(cluster, run_id, "waiting")
+        self.lost_prefix = store_mod.rdzv_key(cluster, run_id, "lost")
         self.store_prefix = self.prefix + "store/"
         self.alive: frozenset[str] = frozenset()
         self._cond = threading.Condition()
