@@ -8,7 +8,7 @@ import pytest
 
 from spotrun import clusterfile
 from spotrun.control_plane import connect_recipe
-from spotrun.store import key
+from spotrun.store import rdzv_key
 
 from test_training_e2e import Job, job_factory  # noqa: F401,F811  (the fixture is reused here)
 
@@ -93,7 +93,7 @@ def test_warm_spare_takes_a_killed_nodes_place_and_is_refilled(job_factory) -> N
         victim = next(p.node for p in store.list_progress(job.name) if p.node != spare)
         killed_at = time.time()
         preempt(job.name, victim, 0)
-        lost = key(job.name, "rdzv") + f"/{job.name}/lost/"
+        lost = rdzv_key(job.name, job.name, "lost")
         job.wait(lambda: store.get_prefix(lost), timeout=30, what="a survivor's peer-lost report")
         job.wait(lambda: any(e.kind == "activate" and e.node == spare for e in store.list_events(job.name)),
                  timeout=30, what="the spare activated")

@@ -104,7 +104,7 @@ class Job:
     def form(self, world: int, nodes: list[str], st: store_mod.Store, timeout: float = 90.0) -> None:
         """Wait for a step at `world` on `nodes`, admitting late starters the way spotrun's agent does:
         a waiting key makes the trainer restart at a step boundary."""
-        waiting = store_mod.key(self.cluster, "rdzv", self.cluster) + "/waiting/"
+        waiting = store_mod.rdzv_key(self.cluster, self.cluster, "waiting")
         deadline = time.time() + timeout
         while True:
             try:
@@ -196,7 +196,7 @@ def test_join_leave_kill_and_rank0_leave(job: Job, etcd_server) -> None:
         job.form(3, ["n1", "n2", "n3"], st)
 
         # Join: the newcomer waits (waiting key), the trainer restarts at a step boundary, world 4.
-        waiting = store_mod.key(job.cluster, "rdzv", job.cluster) + "/waiting/n4"
+        waiting = store_mod.rdzv_key(job.cluster, job.cluster, "waiting", "n4")
         job.start("n4")
         deadline = time.time() + 60
         while st.get(waiting) is None:
@@ -264,6 +264,27 @@ def test_silently_vanished_node_is_dropped_by_its_lease(job: Job, etcd_server) -
 
 
 @pytest.mark.slow
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (SigCgt in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+def test_leave_signal_during_torch_import_exits_0_without_joining(job: Job, etcd_server) -> None:
+    launcher = job.start("n1")
+    deadline = time.monotonic() + 30
+    while not _catches(launcher.proc.pid, signal.SIGUSR1):  # set before torch's import starts
+        assert time.monotonic() < deadline and launcher.proc.poll() is None, launcher.log.read_text()
+        time.sleep(0.005)
+    launcher.signal(signal.SIGUSR1)
+    assert launcher.proc.wait(60) == 0, launcher.log.read_text()
+    with store_mod.connect([etcd_server.endpoint]) as st:
+        assert st.get_prefix(store_mod.rdzv_key(job.cluster, job.cluster, "alive")) == [], "it never joined"
+    assert not launcher.steps()
+
+
 def test_parked_spare_stays_out_until_activated_or_leaves_without_joining(job: Job, etcd_server) -> None:
     st = store_mod.connect([etcd_server.endpoint])
     try:
@@ -274,7 +295,7 @@ def test_parked_spare_stays_out_until_activated_or_leaves_without_joining(job: J
         leaver.touch()
         job.start("n2", "--standby-file", str(parked))
         job.start("n3", "--standby-file", str(leaver))
-        alive = store_mod.key(job.cluster, "rdzv", job.cluster) + "/alive/"
+        alive = store_mod.rdzv_key(job.cluster, job.cluster, "alive")
         time.sleep(8)  # past torch's import: a launcher that did not park would be in the rendezvous
         assert {k.rsplit("/", 1)[-1] for k, _, _ in st.get_prefix(alive)} == {"n1"}, "spares stay out"
         assert job.launchers["n1"].steps()[-1][1] == 1

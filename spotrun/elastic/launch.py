@@ -31,7 +31,8 @@ child. Report through the agent, or through etcd's HTTP gateway (`/v3/kv/put`).
 exists; the agent deletes it when the controller activates the spare, and the node joins with
 torch already imported. SIGUSR1 or SIGTERM while parked: exit 0 without joining.
 
-Signals: SIGUSR1 = leave at the next rendezvous (when the local workers next exit, the node
+Signals: SIGUSR1 or SIGTERM before the launcher joins (even during torch's import): exit 0
+without joining. SIGUSR1 = leave at the next rendezvous (when the local workers next exit, the node
 removes itself and the launcher exits 0); SIGTERM = leave now (the node leaves the rendezvous at
 once, workers get SIGTERM, SIGKILL after 5 s, exit 0).
 
@@ -42,10 +43,18 @@ because the job had finished; 1 workers failed for good or the rendezvous failed
 from __future__ import annotations
 
 import os
+import signal
 
 # Before anything can import grpc or torch.
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
 os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
+# A leave signal can come while torch imports (a node noticed as it starts): the default action
+# would kill the launcher and its agent would record a failure. Keep it for main() instead.
+_early_signals: list[int] = []
+if __name__ == "__main__":
+    for _sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(_sig, lambda signum, _frame: _early_signals.append(signum))
 
 import torch  # noqa: E402,F401  pre-warm: forked workers inherit these modules
 import torch._dynamo  # noqa: E402,F401
@@ -55,7 +64,6 @@ import torch.distributed.run as torchrun  # noqa: E402
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -237,10 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     plan = build_plan(sys.argv[1:] if argv is None else argv)
     signals = _Signals()
     signals.install()
+    signals.leave_requested |= bool(_early_signals)
     code, closed = 1, False
     try:
-        if _parked(plan, signals):
-            _log.info("left while parked")
+        if _parked(plan, signals) or signals.leave_requested:
+            _log.info("told to leave before joining")
             return 0
         _launch(plan)
         code, closed = 0, True
