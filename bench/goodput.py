@@ -1,8 +1,8 @@
 """Goodput: the quickstart job through a fixed preemption schedule, spotrun against relaunch-all.
 
-Four runs of the same job (bench/_goodput_train.py: the quickstart CNN, `--steps` steps of a
+Four runs of the same job (bench/_bench_train.py: the quickstart CNN, `--steps` steps of a
 global batch of 48, `--delay` s of emulated accelerator time per step at world 3, 1.5x that at
-world 2: see _goodput_train.py) on 3 local VMs (real sshd VMs, agents, etcd
+world 2: see _bench_train.py) on 3 local VMs (real sshd VMs, agents, etcd
 rendezvous, a private etcd), one after the other:
 
 - undisturbed: no preemption; the controller runs. Wall time T0 = first step -> last step.
@@ -57,9 +57,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit  # noqa: E402
+from _workdir import job_workdir, make_data  # noqa: E402
 from spotrun.bootstrap import QuietReporter  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 NODES = 3
 GOAL_GOODPUT, GOAL_RATIO = 0.9, 1.5
 DEFAULT_SCHEDULE = "10:8:0,30:0:1,50:8:2,70:0:0,90:8:1"
@@ -73,7 +73,7 @@ resources:
     boot_s: {boot}
 nodes: {{min: 1, max: 4, target: {nodes}, spares: {spares}}}
 workdir: work
-run: python train.py --steps {steps} --delay {delay}{plain}
+run: python train.py --steps {steps} --delay {delay} --ref-world {nodes}{plain}
 env: {{OMP_NUM_THREADS: 1, STEPS_LOG_DIR: /run/spotrun/shared/steps}}
 checkpoint: {{dir: checkpoints, every_steps: {every}, keep: 3}}
 control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
@@ -423,21 +423,6 @@ def _first_after(run: Run, t: float):
 # -- main -----------------------------------------------------------------------------------------
 
 
-def _make_data(path: Path, samples: int) -> None:
-    sys.path.insert(0, str(ROOT / "recipes" / "quickstart"))
-    import torch
-    from train import make_data  # the quickstart's generated images
-
-    torch.save(make_data(samples), path)
-
-
-def _workdir(path: Path, data: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    shutil.copy(Path(__file__).with_name("_goodput_train.py"), path / "train.py")
-    shutil.copy(ROOT / "recipes" / "quickstart" / "train.py", path / "quickstart_model.py")
-    shutil.copy(data, path / "data.pt")
-
-
 def _attempt(label: str, fn, run: Run, *a, keep: Path | None = None) -> None:
     try:
         fn(run, *a)
@@ -538,8 +523,8 @@ def main() -> None:
         os.environ["SPOTRUN_HOME"] = str(tmp / "home")
         keep = tmp / "logs" if args.keep else None
         data = tmp / "data.pt"
-        _make_data(data, 3000)
-        _workdir(tmp / "work", data)
+        make_data(data, 3000)
+        job_workdir(tmp / "work", data)
         from spotrun.etcd_server import EtcdProcess
 
         spot = bare = base = None

@@ -1,6 +1,6 @@
 """Recovery: how fast training continues after a notice, a hard kill and a scale-up.
 
-One run does both sides, one after the other, on the quickstart model (bench/_recovery_train.py,
+One run does both sides, one after the other, on the quickstart model (bench/_bench_train.py,
 global rank 0 prints `STEP <n> WORLD <w> T <time>` for every step):
 
 - spotrun: `spotrun up` of 3 local VMs (real sshd VMs, agents, etcd rendezvous, pre-warmed
@@ -67,9 +67,9 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit  # noqa: E402
+from _workdir import job_workdir, make_data  # noqa: E402
 from spotrun.bootstrap import QuietReporter  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "recovery"
 CASES = ("notice", "hard kill", "scale up")
 GOALS = {"notice": 2.0, "hard kill": 5.0, "scale up": 3.0}
@@ -239,22 +239,6 @@ class Side:
     error: str | None = None
 
 
-def _workdir(path: Path, data: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    shutil.copy(Path(__file__).with_name("_recovery_train.py"), path / "train.py")
-    shutil.copy(ROOT / "recipes" / "quickstart" / "train.py", path / "quickstart_model.py")
-    shutil.copy(data, path / "data.pt")
-    return path
-
-
-def _make_data(path: Path, samples: int) -> None:
-    sys.path.insert(0, str(ROOT / "recipes" / "quickstart"))
-    import torch
-    from train import make_data  # the quickstart's generated images
-
-    torch.save(make_data(samples), path)
-
-
 def _until(check, timeout: float, step: float = 0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -278,7 +262,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
 
     side = Side()
     home = Path(os.environ["SPOTRUN_HOME"])
-    _workdir(tmp / "work", data)
+    job_workdir(tmp / "work", data)
     recipe = tmp / "recovery.yaml"
     recipe.write_text(RECIPE.format(name=CLUSTER, delay=args.delay, every=args.every, endpoint=endpoint))
     vms = home / "local" / "vms"
@@ -481,7 +465,7 @@ class BaselineJob:
 
     def __init__(self, tmp: Path, data: Path, case: str, args) -> None:
         tag = case.replace(" ", "-")
-        self.work = _workdir(tmp / f"base-{tag}", data)
+        self.work = job_workdir(tmp / f"base-{tag}", data)
         self.logs = tmp / f"base-logs-{tag}"
         self.logs.mkdir()
         self.port, self.args = _free_port(), args
@@ -672,7 +656,7 @@ def main() -> None:
     try:
         os.environ["SPOTRUN_HOME"] = str(tmp / "home")
         data = tmp / "data.pt"
-        _make_data(data, 3000)
+        make_data(data, 3000)
         spot = base = Side()
         if args.only != "baseline":
             from spotrun.etcd_server import EtcdProcess

@@ -104,6 +104,7 @@ class Controller:
         with cluster_lock(self.cluster):
             desired, observed, instances = self._observe()
             actions = plan(desired, observed)
+            self._expect_spares([a.node for a in actions if isinstance(a, Activate)])
             for action in actions:
                 self._apply(action, instances)
             self._release_gone()
@@ -184,8 +185,6 @@ class Controller:
         if isinstance(action, Launch):
             self._launch(action)
         elif isinstance(action, Activate):
-            with self._members_lock:
-                self._joining[action.node] = time.monotonic()
             if self.store.activate_standby(self.cluster, action.node):
                 self.store.add_event(self.cluster, "activate", f"{action.node}: {action.reason}", action.node)
         elif isinstance(action, Drain):
@@ -288,6 +287,12 @@ class Controller:
         self.store.delete(key(self.cluster, "alive", node))
         with self._members_lock:
             self._gone_members.add(node)
+        self._release_gone()  # now, not after this pass's launches (they can take seconds)
+
+    def _expect_spares(self, nodes: list[str]) -> None:
+        """Spares this pass activates: a gone node's rendezvous key is kept until they are in."""
+        with self._members_lock:
+            self._joining.update((n, time.monotonic()) for n in nodes)
 
     def _spare_arrived(self, node: str) -> None:
         """An activated spare's rendezvous key appeared (a watch event): the survivors' round now
