@@ -30,6 +30,7 @@ _log = log.get("agent")
 DEFAULT_LEAVE_MARGIN_S = 5.0  # before the deadline, until a checkpoint of this job has been timed
 MIN_LEAVE_MARGIN_S = 1.5  # the agreed checkpoint waits for a step boundary, then the group re-forms
 LEFT_REASON = "left the training job"  # the controller terminates a node in this state
+FINISHED_REASON = "training finished"  # the job is over: the controller launches nothing more
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ class Agent:
             return True
         if code == 0:
             self._event("finished", f"{node}: training job finished")
-            self._guard(lambda: self._set_state(NodeState.RUNNING, "training finished"))
+            self._guard(lambda: self._set_state(NodeState.RUNNING, FINISHED_REASON))
             return True
         self._event("failure", f"{node}: launcher exited with code {code}; restarting")
         return False

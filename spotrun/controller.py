@@ -28,7 +28,7 @@ from spotrun.placement import placements, providers_of
 from spotrun.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster,
                           Terminate, plan)
 from spotrun.provisioning import Provisioner, cluster_lock
-from spotrun.agent import LEFT_REASON
+from spotrun.agent import FINISHED_REASON, LEFT_REASON
 from spotrun.records import NodeState
 from spotrun.store import Store, key, rdzv_key
 
@@ -172,7 +172,7 @@ class Controller:
             leaving=state == NodeState.LEAVING, left=state == NodeState.LEAVING and reason == LEFT_REASON,
             ledger_open=bool(segments) and any(s.end is None for s in segments),
             launched_at=inst.launched_at, replaces=(record.extra.get("replaces") if record else None),
-            standby=standby)
+            standby=standby, finished=state == NodeState.RUNNING and reason == FINISHED_REASON)
 
     def _launch_price(self) -> float:
         try:

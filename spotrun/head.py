@@ -230,7 +230,7 @@ def up_head(recipe: "Recipe", record: ClusterFile, *, ssh_timeouts: SshTimeouts,
 
 
 def wait_for_nodes(store: "Store", cluster: str, target: int, timeout: float) -> list[str]:
-    """Block until `target` agents are alive, printing the cluster's events meanwhile (the head's
+    """Block until `target` training nodes' agents are alive, printing the cluster's events meanwhile (the head's
     controller is doing the work). Raises BootstrapError at the timeout."""
     from spotrun.console import err
     from spotrun.status import format_event
@@ -240,7 +240,8 @@ def wait_for_nodes(store: "Store", cluster: str, target: int, timeout: float) ->
         for event in store.list_events(cluster, since=since):
             err.print(format_event(event), markup=False)
             since = event.seq
-        alive = sorted(store.list_alive(cluster))
+        # Warm spares do not fill the target (their standby key is written before their agent starts).
+        alive = sorted(store.list_alive(cluster) - store.list_standby(cluster))
         if len(alive) >= target:
             return alive
         if time.monotonic() > deadline:

@@ -13,7 +13,9 @@ No I/O here, so every rule is unit-tested and the simulator can reuse it tick by
   its idempotency key, never as a new launch;
 - warm spares (`nodes.spares`) stand outside the target: a gap in the target is filled by
   activating spares first (they join in about a second, a launch waits for a VM boot), then by
-  launching; spares used up are launched again, spares no longer wanted are terminated.
+  launching; spares used up are launched again, spares no longer wanted are terminated;
+- once the training job finished (a node reports it), nothing is launched or activated any more
+  and spares are terminated: they could only cost money.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class NodeView:
     launched_at: float = 0.0
     replaces: str | None = None  # the noticed node this one was launched for
     standby: bool = False  # a warm spare, parked outside the training job
+    finished: bool = False  # its agent reports the training job finished
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,11 @@ def plan(desired: Desired, observed: Observed) -> list[Action]:
     if observed.stopped:
         return out.actions
     _retire(out, live, observed.now)
+    if any(n.finished for n in live):
+        for node in live:
+            if node.standby:
+                out.add(Terminate(node.id, "training finished: the spare is no longer needed"))
+        return out.actions
     _swap_replaced(out, live)
     staying = [n for n in live if _counts(n) and not n.standby]
     spares = [n for n in live if _counts(n) and n.standby]

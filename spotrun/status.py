@@ -147,4 +147,4 @@ def _job_over(store: Store, cluster: str, event) -> bool:
     if event.kind == "budget":
         return "stopping" in event.message
     finished = {e.node for e in store.list_events(cluster) if e.kind == "finished" and e.seq <= event.seq}
-    return store.list_alive(cluster) <= finished
+    return store.list_alive(cluster) - store.list_standby(cluster) <= finished  # a parked spare never finishes

@@ -37,7 +37,7 @@ resources:
   - provider: aws
     region: us-east-1
     instance_type: m5.large
-nodes: {{min: 1, max: 3, target: 2}}
+nodes: {{min: 1, max: 3, target: 2, spares: {spares}}}
 workdir: work
 run: python train.py
 control_plane:
@@ -107,7 +107,7 @@ def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "train.py").write_text("print('hello')\n")
     recipe = tmp_path / "aws.yaml"
-    recipe.write_text(RECIPE.format(name=name))
+    recipe.write_text(RECIPE.format(name=name, spares=0))
 
     result = up(recipe, train=False, reporter_factory=QuietReporter)
 
@@ -154,3 +154,41 @@ def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves
     assert heads[0].id in history["ledger"] and history["cost"]["total"] > 0
     vms.wait_idle()
     assert vms.vms == {}
+
+
+def test_a_warm_spare_on_aws_takes_an_interrupted_workers_place(cloud) -> None:
+    from spotrun.bootstrap import QuietReporter
+    from spotrun.control_plane import connect_cluster
+    from spotrun.up import up
+
+    name, vms, backend, tmp_path = cloud
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "train.py").write_text("print('hello')\n")
+    recipe = tmp_path / "aws.yaml"
+    recipe.write_text(RECIPE.format(name=name, spares=1))
+    result = up(recipe, train=False, reporter_factory=QuietReporter)
+
+    # The head's controller launches the spare; it is a spot VM marked standby, with a live agent.
+    with connect_cluster(name) as store:
+        _wait(lambda: len(store.list_standby(name)) == 1 and store.list_standby(name) <= store.list_alive(name),
+              90, "a warm spare with a live agent", vms)
+        spare = next(iter(store.list_standby(name)))
+    assert spare not in result.nodes and backend.get_instance(spare).lifecycle == "spot"
+    status = _cli("status", name, "--json")
+    assert status.returncode == 0, status.stderr
+    nodes = {n["id"]: n for n in json.loads(status.stdout)["nodes"]}
+    assert nodes[spare]["standby"] is True and not any(nodes[n]["standby"] for n in result.nodes)
+
+    # An interruption: the spare takes the victim's place at once, and a new spare is launched.
+    victim = result.nodes[0]
+    vms.interrupt(victim, 4.0)
+    with connect_cluster(name) as store:
+        _wait(lambda: any(e.kind == "activate" and e.node == spare for e in store.list_events(name)), 60,
+              "the spare activated", vms)
+        assert spare not in store.list_standby(name)
+        _wait(lambda: backend.get_instance(victim)._state.name == "terminated"
+              and len(store.list_standby(name) & store.list_alive(name)) == 1, 90, "a new warm spare", vms)
+        new_spare = next(iter(store.list_standby(name)))
+        activate = next(e for e in store.list_events(name) if e.kind == "activate")
+    assert new_spare not in (spare, victim) and f"replace noticed {victim}" in activate.message
+    assert len(_cluster_instances(backend, name)) == 4, "head, two workers (one the former spare), one spare"

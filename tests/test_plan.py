@@ -147,3 +147,12 @@ def test_unfinished_launch_fills_the_target_before_the_spares() -> None:
     # 2 of 3 training nodes run; an unfinished launch of 2 (one for the target, one spare) shows none yet.
     actions = plan(S, Observed(_nodes({}, {}), pending_launch=("k-1", 2, 0)))
     assert actions == [Launch(2, "resume an unfinished launch", key="k-1")]
+
+
+def test_a_finished_job_launches_nothing_and_lets_its_spares_go() -> None:
+    nodes = _nodes({"finished": True}, {"finished": True}, {"gone": True}, {"standby": True})
+    assert plan(S, Observed(nodes)) == [CloseLedger("n2", "the provider reports the VM gone"),
+                                        Terminate("n3", "training finished: the spare is no longer needed")]
+    # Without the finished report the same cluster would activate the spare and launch a new one.
+    busy = _nodes({}, {}, {"gone": True}, {"standby": True})
+    assert [type(a).__name__ for a in plan(S, Observed(busy))] == ["CloseLedger", "Activate", "Launch"]
