@@ -8,8 +8,8 @@ Model (event-driven; time only advances to the next event, so a 13-day trace is 
 - Zones. Trace i is the capacity of zone i, which uses resource candidate min(i, last) of the
   recipe (its provider, spot and on-demand $/h). A zone holds at most `capacity` VMs of ours
   (booting, running, noticed or leaving all count). After its end a trace repeats.
-- Provider. When a zone's capacity drops at tick T, the surplus VMs (newest first) get a notice
-  at T - lead (the provider's lead time, `PROVIDER_NOTICE_S`) and die at T; VMs still above
+- Provider. When a zone's capacity drops at tick T, the surplus VMs (training nodes before warm
+  spares, newest first) get a notice at T - lead (the provider's lead time, `PROVIDER_NOTICE_S`) and die at T; VMs still above
   capacity at T die without notice. A launch takes the cheapest zone with free capacity; a VM
   is billed from its launch and is ready `bootstrap_s` later.
 - Training. `world` nodes train at 1 / step_time(world) steps per second while world >= nodes.min
@@ -520,8 +520,13 @@ class _Sim:
         node.left = True
 
     def victims(self, zone: int, count: int) -> list[_Node]:
-        pool = sorted(self.zone_nodes(zone), key=lambda n: (n.launched_at, int(n.id[3:])), reverse=True)
-        return pool[:max(0, count)]
+        return self.preemption_order(self.zone_nodes(zone))[:max(0, count)]
+
+    @staticmethod
+    def preemption_order(nodes: list[_Node]) -> list[_Node]:
+        """Which VMs a capacity drop takes first: training nodes before warm spares (a spare that
+        absorbs a preemption would flatter spares), newest first within each."""
+        return sorted(nodes, key=lambda n: (not n.standby, n.launched_at, int(n.id[3:])), reverse=True)
 
     # -- training ------------------------------------------------------------------------------
     @property
@@ -777,9 +782,8 @@ def _run_spotrun(sim: _Sim, job: _JobSpec, ideal: float | None) -> PolicyResult:
         for kind, payload in happened:
             if kind == "notice":
                 zone, after, at = payload
-                staying = [n for n in s.zone_nodes(zone) if not n.noticed]
-                staying.sort(key=lambda n: (n.launched_at, int(n.id[3:])), reverse=True)
-                for node in staying[:max(0, len(staying) - after)]:  # newest first
+                staying = s.preemption_order([n for n in s.zone_nodes(zone) if not n.noticed])
+                for node in staying[:max(0, len(staying) - after)]:
                     node.noticed, node.deadline = True, at
                     s.preemptions += 1
         for kind, payload in happened:
