@@ -49,7 +49,8 @@ def trace_due(store: Store, cluster: str, events, nodes: int, now: float | None 
 
 def replay(store: Store, cluster: str, index: int, event, capacity: int, live: list, providers: dict) -> list[str]:
     """Apply one trace event: the local cloud's capacity becomes `capacity`; a drop preempts the
-    newest live VMs (those not already leaving) with the event's notice. Fires once."""
+    newest live VMs (those not already leaving; training VMs before warm spares, as `spotrun
+    simulate` does) with the event's notice. Fires once."""
     store.put(key(cluster, "chaos", f"trace-{index}"), json.dumps({"at": time.time()}))
     for provider in providers.values():
         if supports(provider, "capacity"):
@@ -57,8 +58,9 @@ def replay(store: Store, cluster: str, index: int, event, capacity: int, live: l
     victims: list[str] = []
     if event.action == "preempt":
         noticed = {n.node for n in store.list_notices(cluster)}
+        spares = store.list_standby(cluster)
         candidates = sorted((i for i in live if i.id not in noticed and supports(providers.get(i.provider), "preempt")),
-                            key=lambda i: (i.launched_at, i.id), reverse=True)
+                            key=lambda i: (i.id not in spares, i.launched_at, i.id), reverse=True)
         for victim in candidates[:event.count]:
             providers[victim.provider].preempt(victim.id, event.notice_s)
             victims.append(victim.id)
