@@ -230,8 +230,9 @@ def up_head(recipe: "Recipe", record: ClusterFile, *, ssh_timeouts: SshTimeouts,
 
 
 def wait_for_nodes(store: "Store", cluster: str, target: int, timeout: float) -> list[str]:
-    """Block until `target` training nodes' agents are alive, printing the cluster's events meanwhile (the head's
-    controller is doing the work). Raises BootstrapError at the timeout."""
+    """Block until the agents of `target` training nodes (spares aside) are alive, printing the
+    cluster's events meanwhile (the head's controller is doing the work). Raises BootstrapError
+    at the timeout."""
     from spotrun.console import err
     from spotrun.status import format_event
 
