@@ -10,8 +10,8 @@ Model (event-driven; time only advances to the next event, so a 13-day trace is 
   (booting, running, noticed or leaving all count). After its end a trace repeats.
 - Provider. When a zone's capacity drops at tick T, the surplus VMs (training nodes before warm
   spares, newest first) get a notice at T - lead (the provider's lead time, `PROVIDER_NOTICE_S`)
-  and die at T; VMs still above capacity at T die without notice. A launch takes the cheapest zone with free capacity; a VM
-  is billed from its launch and is ready `bootstrap_s` later.
+  and die at T; VMs still above capacity at T die without notice. A launch takes the cheapest
+  zone with free capacity; a VM is billed from its launch and is ready `bootstrap_s` later.
 - Training. `world` nodes train at 1 / step_time(world) steps per second while world >= nodes.min
   and no pause is running (`Figures.step_time`). Periodic checkpoints (recipe checkpoint.every_steps
   / every_seconds) pause training `checkpoint_s`. A job that (re)starts from an empty world
