@@ -97,19 +97,25 @@ def _wait(check, timeout: float, what: str, vms: Ec2Vms) -> None:
         time.sleep(0.3)
 
 
-def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves_nothing(cloud) -> None:
-    from spotrun import clusterfile, controller, etcd_server
+def _up(cloud, spares: int):
+    """`up` (no training) of the fixture's cluster with a one-line train.py; its UpResult."""
     from spotrun.bootstrap import QuietReporter
-    from spotrun.control_plane import connect_cluster
     from spotrun.up import up
 
-    name, vms, backend, tmp_path = cloud
+    name, _, _, tmp_path = cloud
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "train.py").write_text("print('hello')\n")
     recipe = tmp_path / "aws.yaml"
-    recipe.write_text(RECIPE.format(name=name, spares=0))
+    recipe.write_text(RECIPE.format(name=name, spares=spares))
+    return up(recipe, train=False, reporter_factory=QuietReporter)
 
-    result = up(recipe, train=False, reporter_factory=QuietReporter)
+
+def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves_nothing(cloud) -> None:
+    from spotrun import clusterfile, controller, etcd_server
+    from spotrun.control_plane import connect_cluster
+
+    name, vms, backend, tmp_path = cloud
+    result = _up(cloud, spares=0)
 
     # Three instances: an on-demand head and two spot workers, all tagged, one key pair, one group.
     running = _cluster_instances(backend, name)
@@ -157,16 +163,10 @@ def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves
 
 
 def test_a_warm_spare_on_aws_takes_an_interrupted_workers_place(cloud) -> None:
-    from spotrun.bootstrap import QuietReporter
     from spotrun.control_plane import connect_cluster
-    from spotrun.up import up
 
-    name, vms, backend, tmp_path = cloud
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "train.py").write_text("print('hello')\n")
-    recipe = tmp_path / "aws.yaml"
-    recipe.write_text(RECIPE.format(name=name, spares=1))
-    result = up(recipe, train=False, reporter_factory=QuietReporter)
+    name, vms, backend, _ = cloud
+    result = _up(cloud, spares=1)
 
     # The head's controller launches the spare; it is a spot VM marked standby, with a live agent.
     with connect_cluster(name) as store:
