@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit  # noqa: E402
 
-from spotrun.bootstrap import QuietReporter  # noqa: E402
+from spotrun.controller.bootstrap import QuietReporter  # noqa: E402
 
 RECIPE = """\
 name: bench{count}
@@ -34,8 +34,8 @@ control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
 
 
 def _one(count: int, root: Path, endpoint: str) -> float:
-    from spotrun.down import down
-    from spotrun.up import up
+    from spotrun.client.down import down
+    from spotrun.client.up import up
 
     recipe = root / f"bench{count}.yaml"
     (root / "work").mkdir(exist_ok=True)
@@ -56,12 +56,12 @@ def main() -> None:
     parser.add_argument("--counts", default="1,8,32")
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    from spotrun.simulate import figures_path, record_figures
+    from spotrun.simulate.engine import figures_path, record_figures
 
     figures = figures_path()  # the user's, before SPOTRUN_HOME points at the temp dir
     with tempfile.TemporaryDirectory(prefix="spotrun-bench-") as tmp:
         os.environ["SPOTRUN_HOME"] = str(Path(tmp) / "home")
-        from spotrun.etcd_server import EtcdProcess
+        from spotrun.state.etcd_server import EtcdProcess
 
         # The control plane runs before the clock starts: the bench times launch -> agents.
         with EtcdProcess(Path(tmp) / "etcd") as etcd:

@@ -58,7 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit  # noqa: E402
 from _workdir import job_workdir, make_data  # noqa: E402
-from spotrun.bootstrap import QuietReporter  # noqa: E402
+from spotrun.controller.bootstrap import QuietReporter  # noqa: E402
 
 NODES = 3
 GOAL_GOODPUT, GOAL_RATIO = 0.9, 1.5
@@ -175,7 +175,7 @@ def _until(check, timeout: float, step: float = 0.05):
 
 
 def _stop_controller(cluster: str) -> None:
-    from spotrun.controller import running_pid, stop_daemon
+    from spotrun.controller.daemon import running_pid, stop_daemon
 
     # A daemon started a moment ago may not have exec'd yet (its cmdline is still ours): wait.
     _until(lambda: running_pid(cluster) is not None, 5.0)
@@ -184,7 +184,7 @@ def _stop_controller(cluster: str) -> None:
 
 def _live(cluster: str, exclude: set[str]) -> list[str]:
     """Running VMs of the cluster in launch order, from the provider."""
-    from spotrun.node_ops import _find
+    from spotrun.client.nodes import _find
 
     _, found = _find(cluster, None)
     return [inst.id for _, inst in found if inst.state.value == "running" and inst.id not in exclude]
@@ -207,7 +207,7 @@ class Run:
         self.vms: set[str] = set()
 
     def up(self, *, controller: bool) -> float:
-        from spotrun.up import up
+        from spotrun.client.up import up
 
         start = time.perf_counter()
         result = up(self.recipe, train=True, reporter_factory=QuietReporter)
@@ -229,7 +229,7 @@ class Run:
 
     def standby(self) -> set[str]:
         """The warm spares: VMs outside the training job, never a schedule's victim."""
-        from spotrun.store import connect
+        from spotrun.state.store import connect
 
         store = connect([self.endpoint])
         try:
@@ -243,8 +243,8 @@ class Run:
 
     def conclude(self) -> None:
         """Figures from the step lines and the ledger (billed up to the last step)."""
-        from spotrun.costs import summarize
-        from spotrun.store import connect
+        from spotrun.state.ledger import summarize
+        from spotrun.state.store import connect
 
         r, steps = self.result, sorted(self.steps.steps)
         r.lines, r.boots, r.trainer_init_s = len(steps), len(self.steps.boots), list(self.steps.inits)
@@ -280,11 +280,11 @@ class Run:
             path.write_text(f"could not read events: {exc}\n")
 
     def down(self, keep: Path | None = None) -> None:
-        from spotrun import clusterfile
-        from spotrun.down import down
+        from spotrun.state import clusterfile
+        from spotrun.client.down import down
 
         if keep is not None:  # purge deletes the shared dir and the VM dirs
-            from spotrun.providers.local import LocalProvider
+            from spotrun.providers.local.provider import LocalProvider
 
             home = Path(os.environ["SPOTRUN_HOME"]) / "local"
             ids = {i.id for i in LocalProvider(root=home).instances(self.name)}
@@ -305,7 +305,7 @@ class Run:
 
 
 def _events_text(endpoint: str, cluster: str) -> str:
-    from spotrun.store import connect
+    from spotrun.state.store import connect
 
     store = connect([endpoint])
     try:
@@ -329,7 +329,7 @@ def run_undisturbed(run: Run, timeout: float) -> None:
 
 
 def run_spotrun(run: Run, schedule: list[Entry], timeout: float) -> None:
-    from spotrun.node_ops import preempt
+    from spotrun.client.nodes import preempt
 
     run.up(controller=True)
     first = run.wait_first(180)
@@ -371,8 +371,8 @@ def run_baseline(run: Run, schedule: list[Entry], timeout: float) -> None:
     The schedule's victim is picked when its entry comes (its notice time) and dies at its
     deadline; a victim that an earlier relaunch already tore down has nothing left to lose
     (two VMs dying together cost one relaunch, as they would with SkyPilot)."""
-    from spotrun.down import down
-    from spotrun.node_ops import preempt
+    from spotrun.client.down import down
+    from spotrun.client.nodes import preempt
 
     run.up(controller=False)
     first = run.wait_first(180)
@@ -525,7 +525,7 @@ def main() -> None:
         data = tmp / "data.pt"
         make_data(data, 3000)
         job_workdir(tmp / "work", data)
-        from spotrun.etcd_server import EtcdProcess
+        from spotrun.state.etcd_server import EtcdProcess
 
         spot = bare = base = None
         with EtcdProcess(tmp / "etcd") as etcd:

@@ -68,7 +68,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit  # noqa: E402
 from _workdir import job_workdir, make_data  # noqa: E402
-from spotrun.bootstrap import QuietReporter  # noqa: E402
+from spotrun.controller.bootstrap import QuietReporter  # noqa: E402
 
 CLUSTER = "recovery"
 CASES = ("notice", "hard kill", "scale up")
@@ -253,12 +253,12 @@ def _until(check, timeout: float, step: float = 0.05):
 
 
 def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
-    from spotrun.controller import running_pid, start_daemon, stop_daemon
-    from spotrun.down import down
-    from spotrun.node_ops import preempt
-    from spotrun.scaling import set_target
-    from spotrun.store import connect
-    from spotrun.up import up
+    from spotrun.controller.daemon import running_pid, start_daemon, stop_daemon
+    from spotrun.client.down import down
+    from spotrun.client.nodes import preempt
+    from spotrun.controller.scaling import set_target
+    from spotrun.state.store import connect
+    from spotrun.client.up import up
 
     side = Side()
     home = Path(os.environ["SPOTRUN_HOME"])
@@ -649,7 +649,7 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench/recovery.py needs root (the local provider's VMs use namespaces)")
-    from spotrun.simulate import figures_path, record_figures
+    from spotrun.simulate.engine import figures_path, record_figures
 
     figures = figures_path()  # the user's, before SPOTRUN_HOME points at the temp dir
     tmp = Path(tempfile.mkdtemp(prefix="spotrun-bench-recovery-"))
@@ -659,7 +659,7 @@ def main() -> None:
         make_data(data, 3000)
         spot = base = Side()
         if args.only != "baseline":
-            from spotrun.etcd_server import EtcdProcess
+            from spotrun.state.etcd_server import EtcdProcess
 
             with EtcdProcess(tmp / "etcd") as etcd:
                 spot = run_spotrun(tmp, data, etcd.endpoint, args)

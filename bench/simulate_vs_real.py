@@ -4,11 +4,11 @@ One run, in a temporary $SPOTRUN_HOME, on the quickstart model (recipes/quicksta
 
 1. undisturbed: `up` of nodes.target local VMs, time from the `up` call to the last step.
 2. replay: the same job again while a capacity trace is replayed, time-scaled
-   (`spotrun.traces.trace_events`): a drop preempts the newest live VMs with a notice so they die
+   (`spotrun.simulate.traces.trace_events`): a drop preempts the newest live VMs with a notice so they die
    at the drop (`node_ops.preempt`) and lowers the target to the new capacity
    (`scaling.set_target`, the local cloud has no capacity limit of its own); a rise raises it
    again. Measured goodput = undisturbed time / replay time.
-3. simulation: `spotrun.simulate` of the same trace, time-scaled, with the figures of this run
+3. simulation: `spotrun.simulate.engine` of the same trace, time-scaled, with the figures of this run
    (bootstrap = the undisturbed `up` time, step time at the target world size from the
    undisturbed run) and the recorded bench figures for the rest. Simulated goodput likewise.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit  # noqa: E402
-from spotrun.bootstrap import QuietReporter  # noqa: E402
+from spotrun.controller.bootstrap import QuietReporter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "simvsreal"
@@ -49,8 +49,8 @@ TRACE = (3, 3, 2, 2, 3, 3, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3)
 
 
 def _store(cluster: str):
-    from spotrun import clusterfile
-    from spotrun.control_plane import connect_recipe
+    from spotrun.state import clusterfile
+    from spotrun.state.control_plane import connect_recipe
 
     record = clusterfile.load(cluster)
     return connect_recipe(record.recipe(), record.endpoints)
@@ -63,8 +63,8 @@ def _step(store, cluster: str) -> int:
 def _run(recipe: Path, steps: int, events, timeout: float) -> tuple[float, float, list[tuple[float, int]]]:
     """(seconds from the `up` call to the last step, seconds `up` took, [(t, step)]). Replays
     `events` (from the `up` call) in a thread."""
-    from spotrun.down import down
-    from spotrun.up import up
+    from spotrun.client.down import down
+    from spotrun.client.up import up
 
     start = time.monotonic()
     fired = threading.Event()
@@ -93,10 +93,10 @@ def _run(recipe: Path, steps: int, events, timeout: float) -> tuple[float, float
 
 
 def _replay(events, start: float, stop: threading.Event) -> None:
-    from spotrun import clusterfile
-    from spotrun.node_ops import preempt
-    from spotrun.placement import providers_of
-    from spotrun.scaling import set_target
+    from spotrun.state import clusterfile
+    from spotrun.client.nodes import preempt
+    from spotrun.controller.placement import providers_of
+    from spotrun.controller.scaling import set_target
 
     capacity = None
     for event in events:
@@ -137,9 +137,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
 
-    from spotrun.simulate import load_figures, simulate
-    from spotrun.recipe import load_recipe
-    from spotrun.traces import Trace, trace_events
+    from spotrun.simulate.engine import load_figures, simulate
+    from spotrun.recipe.schema import load_recipe
+    from spotrun.simulate.traces import Trace, trace_events
 
     scale = args.tick / 300.0
     trace = Trace(300.0, TRACE, "bench")

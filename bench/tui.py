@@ -23,9 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit  # noqa: E402
 
-from spotrun.etcd_server import EtcdProcess  # noqa: E402
-from spotrun.records import LedgerSegment, NodeRecord, NodeState, Progress  # noqa: E402
-from spotrun.store import connect  # noqa: E402
+from spotrun.state.etcd_server import EtcdProcess  # noqa: E402
+from spotrun.state.records import LedgerSegment, NodeRecord, NodeState, Progress  # noqa: E402
+from spotrun.state.store import connect  # noqa: E402
 
 CLUSTER = "bench-tui"
 STATES = (NodeState.RUNNING, NodeState.RUNNING, NodeState.RUNNING, NodeState.NOTICE, NodeState.LEAVING)

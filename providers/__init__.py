@@ -25,10 +25,10 @@ __all__ = ["Instance", "InstanceState", "LaunchSpec", "NoticeProtocol", "Offer",
 
 # name -> (module, class); the module is imported only when that provider is asked for.
 _REGISTRY: dict[str, tuple[str, str]] = {
-    "local": ("spotrun.providers.local", "LocalProvider"),
-    "aws": ("spotrun.providers.aws", "AwsProvider"),
-    "gcp": ("spotrun.providers.gcp", "GcpProvider"),
-    "azure": ("spotrun.providers.azure", "AzureProvider"),
+    "local": ("spotrun.providers.local.provider", "LocalProvider"),
+    "aws": ("spotrun.providers.aws.provider", "AwsProvider"),
+    "gcp": ("spotrun.providers.gcp.provider", "GcpProvider"),
+    "azure": ("spotrun.providers.azure.provider", "AzureProvider"),
 }
 
 

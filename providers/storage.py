@@ -137,7 +137,7 @@ def open_store(location: str | os.PathLike[str]) -> tuple[ObjectStore, str]:
 def _s3() -> Any:
     from libcloud.storage.drivers.s3 import S3StorageDriver
 
-    from spotrun.providers.aws import credentials
+    from spotrun.providers.aws.provider import credentials
 
     key, secret, token = credentials()
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"

@@ -63,8 +63,8 @@ def validate(
 
     Exits 0 when every file is valid, 3 when any is not.
     """
-    from spotrun import console
-    from spotrun.recipe import check_files
+    from spotrun.client import console
+    from spotrun.recipe.schema import check_files
 
     checks = check_files(files)
     for check in checks:
@@ -98,8 +98,8 @@ def up(
     {mode: head}` it starts a head VM holding etcd and the controller, which launches the workers
     while this command prints its events; afterwards nothing of the cluster runs on this machine.
     """
-    from spotrun import console
-    from spotrun.up import up as run_up
+    from spotrun.client import console
+    from spotrun.client.up import up as run_up
 
     result = run_up(recipe, train=train)
     if json_out:
@@ -110,8 +110,8 @@ def up(
                           f"({len(result.launched)} launched, {len(result.bootstrapped)} bootstrapped); "
                           f"see `spotrun status {result.cluster}`", markup=False)
     if attach:
-        from spotrun.control_plane import connect_cluster
-        from spotrun.status import follow_events
+        from spotrun.client.connect import connect_cluster
+        from spotrun.client.status import follow_events
 
         with connect_cluster(result.cluster) as store:
             follow_events(store, result.cluster, lambda line: console.out.print(line, markup=False),
@@ -124,10 +124,10 @@ def status(
     json_out: Annotated[bool, typer.Option("--json", help="Print status as JSON on stdout.")] = False,
 ) -> None:
     """Clusters, nodes (provider, zone, type, state, uptime, $/h) and costs. Reads etcd only."""
-    from spotrun import console
-    from spotrun.control_plane import connect_cluster
+    from spotrun.client import console
+    from spotrun.client.connect import connect_cluster
     from spotrun.errors import NotFoundError
-    from spotrun.status import all_statuses, cluster_status, render
+    from spotrun.client.status import all_statuses, cluster_status, render
 
     if cluster is None:
         statuses = all_statuses()
@@ -156,8 +156,8 @@ def down(
     """
     from dataclasses import asdict
 
-    from spotrun import console
-    from spotrun.down import down as run_down
+    from spotrun.client import console
+    from spotrun.client.down import down as run_down
 
     result = run_down(cluster, purge=purge)
     if json_out:
@@ -178,8 +178,8 @@ def logs(
     agent: Annotated[bool, typer.Option("--agent", help="The node agent's log instead of the training log.")] = False,
 ) -> None:
     """Show the training logs (or the node agents' logs), each line prefixed with its node."""
-    from spotrun import console
-    from spotrun.node_ops import logs as run_logs
+    from spotrun.client import console
+    from spotrun.client.nodes import logs as run_logs
 
     run_logs(cluster, node, follow, lambda vm, text: console.out.print(f"[{vm}] {text}", markup=False), lines,
              agent=agent)
@@ -193,10 +193,10 @@ def events(
     json_out: Annotated[bool, typer.Option("--json", help="Print events as JSON on stdout.")] = False,
 ) -> None:
     """The cluster's history: launches, joins, notices, leaves, failures, scale, budget and down."""
-    from spotrun import console
-    from spotrun.control_plane import connect_cluster
-    from spotrun.records import to_dict
-    from spotrun.status import follow_events, format_event
+    from spotrun.client import console
+    from spotrun.client.connect import connect_cluster
+    from spotrun.state.records import to_dict
+    from spotrun.client.status import follow_events, format_event
 
     with connect_cluster(cluster) as store:
         if follow:
@@ -219,8 +219,8 @@ def preempt(
     """Local provider only: arm a spot preemption notice on a node; the VM dies at the deadline."""
     import time as _time
 
-    from spotrun import console
-    from spotrun.node_ops import preempt as run_preempt
+    from spotrun.client import console
+    from spotrun.client.nodes import preempt as run_preempt
 
     deadline = run_preempt(cluster, node, notice)
     console.out.print(f"{node}: preemption notice armed; the VM dies in {max(0.0, deadline - _time.time()):.0f} s",
@@ -237,8 +237,8 @@ def prices(
 
     Providers without credentials are skipped with a note on stderr; naming one with --provider makes that an error.
     """
-    from spotrun import console
-    from spotrun.prices import list_prices, render, to_json
+    from spotrun.client import console
+    from spotrun.client.prices import list_prices, render, to_json
 
     table = list_prices(provider, gpu)
     if json_out:
@@ -256,9 +256,9 @@ def scale(
                                          show_default=False)],
 ) -> None:
     """Set the cluster's target size; the controller launches or drains nodes (most expensive first)."""
-    from spotrun import console
-    from spotrun.control_plane import connect_cluster
-    from spotrun.scaling import set_target
+    from spotrun.client import console
+    from spotrun.client.connect import connect_cluster
+    from spotrun.controller.scaling import set_target
 
     with connect_cluster(cluster) as store:
         change = set_target(store, cluster, nodes)
@@ -293,9 +293,9 @@ def simulate(
 ) -> None:
     """Before spending a cent: replay spot traces through the controller's own planner and compare
     spotrun with relaunch-all, checkpoint-restart and on-demand (time, goodput, $, $ per 1000 steps)."""
-    from spotrun import console
-    from spotrun.simulate import POLICIES, render_table, run_simulation, terminal_chart, to_json, write_chart
-    from spotrun.traces import parse_trace_spec
+    from spotrun.client import console
+    from spotrun.simulate.engine import POLICIES, render_table, run_simulation, terminal_chart, to_json, write_chart
+    from spotrun.simulate.traces import parse_trace_spec
 
     result = run_simulation(recipe, [parse_trace_spec(spec) for spec in trace], tuple(policy or POLICIES),
                             steps=steps, figures_file=figures, notice_s=notice_s)
@@ -311,7 +311,8 @@ def simulate(
 @etcd_app.command("start")
 def etcd_start() -> None:
     """Start the embedded etcd if it is not running, and print its endpoint."""
-    from spotrun import console, etcd_server
+    from spotrun.client import console
+    from spotrun.state import etcd_server
 
     server = etcd_server.ensure_running()
     console.out.print(server.endpoint, markup=False)
@@ -322,7 +323,8 @@ def etcd_status(
     json_out: Annotated[bool, typer.Option("--json", help="Print status as JSON on stdout.")] = False,
 ) -> None:
     """Show whether the embedded etcd runs, where, and its version. Exits 4 when it is down."""
-    from spotrun import console, etcd_server
+    from spotrun.client import console
+    from spotrun.state import etcd_server
 
     info = etcd_server.status()
     if json_out:
@@ -338,7 +340,8 @@ def etcd_status(
 @etcd_app.command("stop")
 def etcd_stop() -> None:
     """Stop the embedded etcd cleanly (its data stays under $SPOTRUN_HOME/etcd)."""
-    from spotrun import console, etcd_server
+    from spotrun.client import console
+    from spotrun.state import etcd_server
 
     stopped = etcd_server.stop()
     console.out.print("stopped" if stopped else "not running")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spotrun import etcd_server as etcd_mod
-from spotrun import store as store_mod
+from spotrun.state import etcd_server as etcd_mod
+from spotrun.state import store as store_mod
 
 
 def _require_etcd() -> None:

@@ -37,9 +37,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotrun.providers.local import PROFILE, init_command, sshd_version_options, vm_path
-from spotrun.providers.local_vm import VmFiles
-from spotrun.providers.metadata import arm_notice, read_json, write_json_atomic
+from spotrun.providers.local.provider import PROFILE, init_command, sshd_version_options, vm_path
+from spotrun.providers.local.vm import VmFiles
+from spotrun.providers.local.metadata import arm_notice, read_json, write_json_atomic
 
 HOST_IP = "100.64.0.1"
 METADATA_IP = "169.254.169.254"

@@ -20,8 +20,8 @@ pytest.importorskip("libcloud")
 
 from spotrun.errors import CapacityError, ProviderError  # noqa: E402
 from spotrun.providers import InstanceState, LaunchSpec, get_provider, supports  # noqa: E402
-from spotrun.providers.aws import AwsProvider  # noqa: E402
-from spotrun.providers.aws_driver import SpotrunEC2Driver  # noqa: E402
+from spotrun.providers.aws.provider import AwsProvider  # noqa: E402
+from spotrun.providers.aws.driver import SpotrunEC2Driver  # noqa: E402
 
 ACCOUNT = "123456789012"  # moto's default account
 REGION = "us-east-1"
@@ -86,7 +86,7 @@ def test_missing_credentials_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_credentials_file_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from spotrun.providers.aws import credentials
+    from spotrun.providers.aws.provider import credentials
 
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     path = tmp_path / "credentials"
@@ -121,7 +121,7 @@ def provider_home() -> str:
 def test_spot_price_parsing_keeps_newest_linux_price() -> None:
     import xml.etree.ElementTree as ET
 
-    from spotrun.providers.aws import parse_spot_prices
+    from spotrun.providers.aws.provider import parse_spot_prices
 
     body = """<DescribeSpotPriceHistoryResponse><spotPriceHistorySet>
       <item><availabilityZone>us-east-1a</availabilityZone><instanceType>g5.xlarge</instanceType>

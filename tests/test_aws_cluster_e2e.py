@@ -68,8 +68,8 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         try:
             yield name, vms, backend, tmp_path
         finally:
-            from spotrun import clusterfile
-            from spotrun.down import down
+            from spotrun.state import clusterfile
+            from spotrun.client.down import down
 
             if name in clusterfile.names():
                 down(name)
@@ -99,8 +99,8 @@ def _wait(check, timeout: float, what: str, vms: Ec2Vms) -> None:
 
 def _up(cloud, spares: int):
     """`up` (no training) of the fixture's cluster with a one-line train.py; its UpResult."""
-    from spotrun.bootstrap import QuietReporter
-    from spotrun.up import up
+    from spotrun.controller.bootstrap import QuietReporter
+    from spotrun.client.up import up
 
     name, _, _, tmp_path = cloud
     (tmp_path / "work").mkdir()
@@ -111,8 +111,10 @@ def _up(cloud, spares: int):
 
 
 def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves_nothing(cloud) -> None:
-    from spotrun import clusterfile, controller, etcd_server
-    from spotrun.control_plane import connect_cluster
+    from spotrun.state import clusterfile
+    from spotrun.controller import daemon as controller
+    from spotrun.state import etcd_server
+    from spotrun.client.connect import connect_cluster
 
     name, vms, backend, tmp_path = cloud
     result = _up(cloud, spares=0)
@@ -163,7 +165,7 @@ def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves
 
 
 def test_a_warm_spare_on_aws_takes_an_interrupted_workers_place(cloud) -> None:
-    from spotrun.control_plane import connect_cluster
+    from spotrun.client.connect import connect_cluster
 
     name, vms, backend, _ = cloud
     result = _up(cloud, spares=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spotrun.providers import InstanceState, LaunchSpec, Offer
-from spotrun.providers.azure_api import parse_vm, retail_prices, retail_prices_query, vm_body
+from spotrun.providers.azure.api import parse_vm, retail_prices, retail_prices_query, vm_body
 
 DATA = Path(__file__).parent / "data" / "azure"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0eHhYV3Nm1v0dYh3sCq0nB0u2mM8gqf0XoYlL3b1F me@laptop"

@@ -25,7 +25,7 @@ pytest.importorskip("libcloud")
 from cloud_replay import ReplayServer, Request, replay_server  # noqa: E402
 from spotrun.errors import CapacityError, ProviderError  # noqa: E402
 from spotrun.providers import InstanceState, LaunchSpec, Offer, get_provider, supports  # noqa: E402
-from spotrun.providers.azure import AzureProvider, resource_group, vm_name  # noqa: E402
+from spotrun.providers.azure.provider import AzureProvider, resource_group, vm_name  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "azure"
 SUB = "00000000-0000-0000-0000-000000000000"

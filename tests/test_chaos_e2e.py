@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from spotrun import clusterfile
-from spotrun.control_plane import connect_recipe
-from spotrun.store import rdzv_key
+from spotrun.state import clusterfile
+from spotrun.state.control_plane import connect_recipe
+from spotrun.state.store import rdzv_key
 
 from test_training_e2e import Job, job_factory  # noqa: F401,F811  (the fixture is reused here)
 
@@ -24,7 +24,7 @@ chaos:
 
 
 def _provider_view(job: Job):
-    from spotrun.providers.local import LocalProvider
+    from spotrun.providers.local.provider import LocalProvider
 
     return LocalProvider(root=job.home / "local").instances(job.name)
 
@@ -49,7 +49,7 @@ def test_chaos_run_returns_to_target_and_loses_no_step(job_factory) -> None:
 
 
 def test_etcd_restart_during_training_loses_nothing(job_factory, etcd_process, monkeypatch) -> None:
-    from spotrun.node_ops import preempt
+    from spotrun.client.nodes import preempt
 
     job = job_factory("restart", steps=900, delay=0.03)
     job.recipe.write_text(job.recipe.read_text().replace(
@@ -76,7 +76,7 @@ def test_etcd_restart_during_training_loses_nothing(job_factory, etcd_process, m
 
 
 def test_warm_spare_takes_a_killed_nodes_place_and_is_refilled(job_factory) -> None:
-    from spotrun.node_ops import preempt
+    from spotrun.client.nodes import preempt
 
     job = job_factory("spare", steps=700, delay=0.03)
     job.recipe.write_text(job.recipe.read_text().replace("target: 3}", "target: 3, spares: 1}"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from spotrun.elastic import checkpoint
+from spotrun.elastic.checkpoint import files as checkpoint
 
 
 def _save(value):

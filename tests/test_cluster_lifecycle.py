@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from spotrun.bootstrap import BootstrapPlan, bootstrap_all
-from spotrun.keys import ensure_keypair
-from spotrun.records import NodeRecord, NodeState
-from spotrun.remote import HostKeyMismatch, SshTarget, SshTimeouts, connect
+from spotrun.controller.bootstrap import BootstrapPlan, bootstrap_all
+from spotrun.controller.ssh_keys import ensure_keypair
+from spotrun.state.records import NodeRecord, NodeState
+from spotrun.controller.ssh import HostKeyMismatch, SshTarget, SshTimeouts, connect
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ def home(tmp_path: Path):
 
 
 def _provider(home: Path):
-    from spotrun.providers.local import LocalProvider
+    from spotrun.providers.local.provider import LocalProvider
 
     return LocalProvider(root=home / "local")
 
@@ -213,8 +213,8 @@ def test_vm_that_never_answers_fails_within_the_timeout(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("protocol", ["aws", "gcp", "azure"])
 def test_notice_from_each_protocol_reaches_etcd(tmp_path: Path, store, cluster: str, etcd_server, protocol) -> None:
-    from spotrun.agent import Agent, AgentConfig
-    from spotrun.providers.metadata import MetadataServer, arm_notice
+    from spotrun.node.agent import Agent, AgentConfig
+    from spotrun.providers.local.metadata import MetadataServer, arm_notice
 
     server = MetadataServer(tmp_path, {"id": "vm-1", "name": "vm-1"})
     server.start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spotrun.elastic.trainer import _ControlFile
-from spotrun.supervisor import ControlFile
+from spotrun.node.supervisor import ControlFile
 
 
 def test_request_is_seen_by_workers_started_after_it(tmp_path: Path) -> None:

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from spotrun import clusterfile
-from spotrun.bootstrap import QuietReporter
-from spotrun.controller import Controller, running_pid, start_daemon, stop_daemon
-from spotrun.control_plane import connect_recipe
-from spotrun.provisioning import Provisioner
-from spotrun.scaling import set_target
-from spotrun.store import LeaseKeeper, rdzv_key
+from spotrun.state import clusterfile
+from spotrun.controller.bootstrap import QuietReporter
+from spotrun.controller.daemon import running_pid, start_daemon, stop_daemon
+from spotrun.controller.loop import Controller
+from spotrun.state.control_plane import connect_recipe
+from spotrun.controller.provisioning import Provisioner
+from spotrun.controller.scaling import set_target
+from spotrun.state.store import LeaseKeeper, rdzv_key
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +38,8 @@ control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
 @pytest.fixture
 def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
     """A fresh $SPOTRUN_HOME and a recipe factory; every cluster made is torn down afterwards."""
-    from spotrun.down import down
-    from spotrun.up import up
+    from spotrun.client.down import down
+    from spotrun.client.up import up
 
     monkeypatch.setenv("SPOTRUN_HOME", str(tmp_path / "home"))
     (tmp_path / "work").mkdir()
@@ -83,7 +84,7 @@ def _until(check, timeout: float = 30.0, step: float = 0.1):
 
 
 def test_notice_is_replaced_before_the_node_dies(cluster_env) -> None:
-    from spotrun.node_ops import preempt
+    from spotrun.client.nodes import preempt
 
     name = cluster_env("mbb", target=2)
     controller, store = _controller(name)
@@ -108,7 +109,7 @@ def test_notice_is_replaced_before_the_node_dies(cluster_env) -> None:
 
 
 def test_hard_kill_is_replaced_and_ledger_closed(cluster_env) -> None:
-    from spotrun.node_ops import preempt
+    from spotrun.client.nodes import preempt
 
     name = cluster_env("kill", target=2)
     controller, store = _controller(name)
@@ -128,7 +129,7 @@ def _rendezvous_member(store, name: str, node: str) -> LeaseKeeper:
 
 
 def test_gone_node_leaves_the_rendezvous_at_once(cluster_env) -> None:
-    from spotrun.node_ops import preempt
+    from spotrun.client.nodes import preempt
 
     name = cluster_env("release", target=2)
     controller, store = _controller(name)
@@ -147,7 +148,7 @@ def test_gone_node_leaves_the_rendezvous_at_once(cluster_env) -> None:
 def test_gone_node_holds_the_rendezvous_until_the_activated_spare_is_in(cluster_env) -> None:
     import threading
 
-    from spotrun.node_ops import preempt
+    from spotrun.client.nodes import preempt
 
     name = cluster_env("handover", target=2, spares=1)
     controller, store = _controller(name)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotrun.costs import close_open, reprice, summarize
-from spotrun.records import LedgerSegment
+from spotrun.state.ledger import close_open, reprice, summarize
+from spotrun.state.records import LedgerSegment
 
 H = 3600.0
 

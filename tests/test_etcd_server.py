@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spotrun import etcd_server as etcd_mod
+from spotrun.state import etcd_server as etcd_mod
 from spotrun.errors import ControlPlaneError
 
 REPO = Path(__file__).resolve().parent.parent

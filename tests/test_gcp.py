@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spotrun.providers import InstanceState, LaunchSpec, Offer
-from spotrun.providers.gcp_api import family_price, instance_body, instance_name, parse_instance, preempted
+from spotrun.providers.gcp.api import family_price, instance_body, instance_name, parse_instance, preempted
 
 DATA = Path(__file__).parent / "data" / "gcp"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0eHhYV3Nm1v0dYh3sCq0nB0u2mM8gqf0XoYlL3b1F me@laptop"

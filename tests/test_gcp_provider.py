@@ -29,9 +29,9 @@ pytest.importorskip("libcloud")
 from cloud_replay import ReplayServer, Request, replay_server  # noqa: E402
 from spotrun.errors import CapacityError, ProviderError  # noqa: E402
 from spotrun.providers import InstanceState, LaunchSpec, Offer, get_provider, supports  # noqa: E402
-from spotrun.providers.gcp import GcpProvider, network_tag  # noqa: E402
-from spotrun.providers.gcp_api import instance_name  # noqa: E402
-from spotrun.prices import list_prices  # noqa: E402
+from spotrun.providers.gcp.provider import GcpProvider, network_tag  # noqa: E402
+from spotrun.providers.gcp.api import instance_name  # noqa: E402
+from spotrun.client.prices import list_prices  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "gcp"
 PROJECT = "demo-project"

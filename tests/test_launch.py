@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from spotrun import store as store_mod
-from spotrun.elastic import launch
+from spotrun.state import store as store_mod
+from spotrun.elastic import launcher as launch
 
 SCRIPT = Path(__file__).parent / "elastic_scripts" / "allreduce_steps.py"
 STEP = re.compile(r"^STEP (\d+) WORLD (\d+) RANK (\d+) NODE (\S+) T ([\d.]+)$")
@@ -65,7 +65,7 @@ class Job:
     def start(self, node: str, *extra: str) -> Launcher:
         log = self.tmp / f"{node}.log"
         cmd = [
-            sys.executable, "-m", "spotrun.elastic.launch", "--cluster", self.cluster, "--node", node,
+            sys.executable, "-m", "spotrun.elastic.launcher", "--cluster", self.cluster, "--node", node,
             "--etcd", self.etcd, "--nnodes", self.nnodes, "--local-addr", "127.0.0.1", *extra, "--",
             "python", str(SCRIPT), str(self.state_dir), "--steps", str(self.steps),
         ]

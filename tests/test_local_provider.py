@@ -19,9 +19,9 @@ import paramiko
 import pytest
 
 from spotrun.errors import NotFoundError, ProviderError
-from spotrun.notices import NoticeWatcher
+from spotrun.node.notices import NoticeWatcher
 from spotrun.providers import Instance, InstanceState, LaunchSpec, get_provider, supports
-from spotrun.providers.local import LocalProvider
+from spotrun.providers.local.provider import LocalProvider
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="local VMs need root for namespaces")
 
@@ -263,7 +263,7 @@ def test_preempt_notice_reaches_all_three_protocols_then_the_vm_dies(local_vms, 
     assert gcp_result and gcp_result[0].source == "gcp"
     # The VM's own processes see the notice too, through the environment sshd sets.
     with _ssh(inst, pkey) as client:
-        out = _run(client, "python -c 'from spotrun.notices import NoticeWatcher as W; "
+        out = _run(client, "python -c 'from spotrun.node.notices import NoticeWatcher as W; "
                            "w = W.from_env(); print(w.protocol, w.poll() is not None)'")
     assert out.split() == ["gcp", "True"]
     assert _by_id(provider)[vm_id].state is InstanceState.RUNNING

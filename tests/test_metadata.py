@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from spotrun.notices import NoticeWatcher, PreemptionNotice
-from spotrun.providers.metadata import MetadataServer, arm_notice, gcp_etag, read_notice
+from spotrun.node.notices import NoticeWatcher, PreemptionNotice
+from spotrun.providers.local.metadata import MetadataServer, arm_notice, gcp_etag, read_notice
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spotrun.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster,
+from spotrun.controller.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster,
                           Terminate, plan)
 
 D = Desired(target=3, min=1, max=4)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spotrun.errors import ProviderError
-from spotrun.prices import PriceRow, list_prices, render, to_json
+from spotrun.client.prices import PriceRow, list_prices, render, to_json
 from spotrun.providers import get_provider
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from spotrun.cli import main
 from spotrun.errors import RecipeError
-from spotrun.recipe import Recipe, check_file, check_files, load_recipe
+from spotrun.recipe.schema import Recipe, check_file, check_files, load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -534,7 +534,7 @@ def test_cli_validate_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_validate_imports_stay_light() -> None:
     code = (
-        "import spotrun.cli, spotrun.recipe, sys; "
+        "import spotrun.cli, spotrun.recipe.schema, sys; "
         "bad=[m for m in ('torch','paramiko','libcloud','textual','pyetcd') if m in sys.modules]; assert not bad, bad"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -15,7 +15,8 @@ pytest.importorskip("moto.server")
 pytest.importorskip("libcloud")
 torch = pytest.importorskip("torch")
 
-from spotrun.elastic import checkpoint, remote_checkpoint  # noqa: E402
+from spotrun.elastic.checkpoint import files as checkpoint
+from spotrun.elastic.checkpoint import remote as remote_checkpoint  # noqa: E402
 from spotrun.providers.storage import open_store  # noqa: E402
 
 
@@ -102,7 +103,7 @@ def test_prune_keeps_newest_and_removes_every_object(url: str) -> None:
 
 WRITER = """
 import sys, torch
-from spotrun.elastic import remote_checkpoint
+from spotrun.elastic.checkpoint import remote as remote_checkpoint
 m = remote_checkpoint.write(sys.argv[1], 42, 4, lambda p: torch.save({"w": torch.full((3,), 7.0), "step": 42}, p),
                             samples_seen=4200)
 print(m.path)
@@ -110,7 +111,7 @@ print(m.path)
 
 RESUMER = """
 import json, sys
-from spotrun.elastic import remote_checkpoint
+from spotrun.elastic.checkpoint import remote as remote_checkpoint
 module = remote_checkpoint.module_for(sys.argv[1])
 m = module.newest_valid(sys.argv[1])
 state = module.load_state(m)

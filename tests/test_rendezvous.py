@@ -18,7 +18,7 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousStateError,
 )
 
-from spotrun import store as store_mod
+from spotrun.state import store as store_mod
 from spotrun.elastic import rendezvous as rdzv
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spotrun.errors import SpotrunError
-from spotrun.traces import (ReplayEvent, Trace, drought_trace, gcp_24h_trace, load_trace, parse_trace_spec,
+from spotrun.simulate.traces import (ReplayEvent, Trace, drought_trace, gcp_24h_trace, load_trace, parse_trace_spec,
                             poisson_trace, trace_events)
 
 REAL = Path("/work/shared/traces/aws-4node-v100-us-east-1f.json")

@@ -1,4 +1,4 @@
-"""spotrun.store against a real etcd: key schema, records, CAS, events, leases, resuming watches."""
+"""spotrun.state.store against a real etcd: key schema, records, CAS, events, leases, resuming watches."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
-from spotrun import etcd_server as etcd_mod
-from spotrun import store as store_mod
+from spotrun.state import etcd_server as etcd_mod
+from spotrun.state import store as store_mod
 from spotrun.errors import ControlPlaneError
-from spotrun.records import (
+from spotrun.state.records import (
     CheckpointRecord,
     Event,
     LedgerSegment,
@@ -22,7 +22,7 @@ from spotrun.records import (
     decode,
     encode,
 )
-from spotrun.store import Store, WatchEvent
+from spotrun.state.store import Store, WatchEvent
 
 
 def _wait(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -352,6 +352,6 @@ def test_importing_store_does_not_load_the_client() -> None:
     import subprocess
     import sys
 
-    code = "import spotrun.store, sys; print('pyetcd' in sys.modules, 'grpc' in sys.modules)"
+    code = "import spotrun.state.store, sys; print('pyetcd' in sys.modules, 'grpc' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"

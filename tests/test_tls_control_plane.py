@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from spotrun import clusterfile, etcd_server
+from spotrun.state import clusterfile
+from spotrun.state import etcd_server
 from spotrun.errors import ControlPlaneError
-from spotrun.store import connect
+from spotrun.state.store import connect
 from test_training_e2e import SCRIPTS, Job
 
 pytestmark = pytest.mark.slow
@@ -114,7 +115,7 @@ def tls_etcd(tmp_path: Path) -> Iterator[tuple[int, Path]]:
 
 def test_vms_reach_a_tls_etcd_with_the_shipped_certificates(tls_etcd, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from spotrun.down import down
+    from spotrun.client.down import down
 
     port, pki = tls_etcd
     home = tmp_path / "home"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotrun.elastic import checkpoint
+from spotrun.elastic.checkpoint import files as checkpoint
 from spotrun.elastic.trainer import EXIT_REFORM
 
 SCRIPT = Path(__file__).parent / "trainer_scripts" / "steps.py"

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from spotrun import clusterfile
-from spotrun.bootstrap import QuietReporter
-from spotrun.controller import Controller, stop_daemon
-from spotrun.control_plane import connect_recipe
+from spotrun.state import clusterfile
+from spotrun.controller.bootstrap import QuietReporter
+from spotrun.controller.daemon import stop_daemon
+from spotrun.controller.loop import Controller
+from spotrun.state.control_plane import connect_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,7 @@ class Job:
         self.home, self.name, self.recipe = home, name, recipe
 
     def up(self, *, controller: bool) -> None:
-        from spotrun.up import up
+        from spotrun.client.up import up
 
         up(self.recipe, reporter_factory=QuietReporter)
         if not controller:
@@ -99,7 +100,7 @@ class Job:
 
 @pytest.fixture
 def job_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
-    from spotrun.down import down
+    from spotrun.client.down import down
 
     home = tmp_path / "home"
     monkeypatch.setenv("SPOTRUN_HOME", str(home))
@@ -138,7 +139,7 @@ def test_three_nodes_train_to_the_end_and_loss_falls(job_factory) -> None:
 
 @pytest.mark.parametrize("notice", [10.0, 0.0], ids=["notice", "hard-kill"])
 def test_preempted_node_leaves_survivors_training_without_lost_steps(job_factory, notice: float) -> None:
-    from spotrun.node_ops import preempt
+    from spotrun.client.nodes import preempt
 
     job = job_factory(f"e2e-pre-{int(notice)}", steps=400)
     job.up(controller=False)  # no replacement: the survivors must go on at world size 2
@@ -152,7 +153,7 @@ def test_preempted_node_leaves_survivors_training_without_lost_steps(job_factory
 
 
 def test_rank0_node_preempted_job_continues(job_factory) -> None:
-    from spotrun.node_ops import preempt
+    from spotrun.client.nodes import preempt
 
     job = job_factory("e2e-rank0", steps=300)
     job.up(controller=False)
@@ -165,7 +166,7 @@ def test_rank0_node_preempted_job_continues(job_factory) -> None:
 
 
 def test_fourth_node_joins_without_lost_steps(job_factory) -> None:
-    from spotrun.scaling import set_target
+    from spotrun.controller.scaling import set_target
 
     job = job_factory("e2e-join", steps=400)
     job.up(controller=False)
@@ -180,7 +181,7 @@ def test_fourth_node_joins_without_lost_steps(job_factory) -> None:
 
 
 def test_corrupt_newest_checkpoint_falls_back_and_says_so(job_factory) -> None:
-    from spotrun.down import down
+    from spotrun.client.down import down
 
     job = job_factory("e2e-corrupt", target=2, steps=60, delay=0.01)
     job.up(controller=False)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from spotrun.records import (CheckpointRecord, Event, LedgerSegment, NodeRecord, NodeState, Notice, Progress, encode)
-from spotrun.store import Store, connect, key
+from spotrun.state.records import (CheckpointRecord, Event, LedgerSegment, NodeRecord, NodeState, Notice, Progress, encode)
+from spotrun.state.store import Store, connect, key
 from spotrun.tui.app import SpotrunApp
 from spotrun.tui.screens import ConfirmScreen
 from spotrun.tui.widgets import WorkersTable

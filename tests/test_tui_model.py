@@ -1,13 +1,13 @@
-"""The TUI's plain-data layer (no terminal) and the core actions it triggers (spotrun.scaling)."""
+"""The TUI's plain-data layer (no terminal) and the core actions it triggers (spotrun.controller.scaling)."""
 
 from __future__ import annotations
 
 import pytest
 
-from spotrun import scaling
+from spotrun.controller import scaling
 from spotrun.errors import NotFoundError, SpotrunError
-from spotrun.records import CheckpointRecord, NodeRecord, NodeState, Notice, Progress, encode
-from spotrun.store import WatchEvent, key
+from spotrun.state.records import CheckpointRecord, NodeRecord, NodeState, Notice, Progress, encode
+from spotrun.state.store import WatchEvent, key
 from spotrun.tui.feed import LatestSlot
 from spotrun.tui.model import ClusterState, Snapshot, arrange, fmt_duration, total_steps
 
@@ -113,7 +113,7 @@ def test_helpers():
     assert fmt_duration(59) == "0m59s" and fmt_duration(3700) == "1h01m" and fmt_duration(None) == "-"
 
 
-# --- spotrun.scaling against the real etcd ---------------------------------------------------
+# --- spotrun.controller.scaling against the real etcd ---------------------------------------------------
 
 
 def test_set_target_validates_and_records_an_event(store, cluster):

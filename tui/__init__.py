@@ -1,1 +1,1 @@
-"""Textual TUI for spotrun, installed as `spotrun.tui`; reads cluster state through spotrun.store only."""
+"""Textual TUI for spotrun, installed as `spotrun.tui`; reads cluster state through spotrun.state.store only."""

@@ -3,7 +3,7 @@
 Entry points: `run(cluster, endpoints)` (what the CLI calls) and `python -m spotrun.tui.app
 [CLUSTER] --endpoint URL`. All cluster state arrives through `spotrun.tui.feed.Feed` (a watch on
 the cluster's keys in a thread worker); actions go through the same core functions as the CLI
-(`spotrun.scaling`, `spotrun.node_ops`). The TUI never talks to a cloud or a VM itself.
+(`spotrun.controller.scaling`, `spotrun.client.nodes`). The TUI never talks to a cloud or a VM itself.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from textual.widgets import Footer, Input, Log, Sparkline, Static
 from textual.worker import get_current_worker
 
 from spotrun.errors import ControlPlaneError, SpotrunError
-from spotrun.store import Store, connect
+from spotrun.state.store import Store, connect
 
 from spotrun.tui.feed import Feed, LatestSlot
 from spotrun.tui.model import Snapshot
@@ -243,7 +243,8 @@ class SpotrunApp(App[None]):
     @work(thread=True, group="actions")
     def _run_action(self, what: str, nodes: int = 0, node: str = "") -> None:
         """Blocking core calls, off the UI thread; the outcome comes back as an ActionDone message."""
-        from spotrun import node_ops, scaling
+        from spotrun.client import nodes as node_ops
+        from spotrun.controller import scaling
 
         store, cluster = self.feed.store if self.feed else None, self.cluster
         if store is None or cluster is None:
@@ -273,14 +274,14 @@ def resolve_endpoints(cluster: str | None) -> list[str]:
     Raises ControlPlaneError when neither is known.
     """
     if cluster:
-        from spotrun import clusterfile
+        from spotrun.state import clusterfile
         from spotrun.errors import NotFoundError
 
         try:
             return list(clusterfile.load(cluster).endpoints)
         except NotFoundError:
             pass
-    from spotrun import etcd_server
+    from spotrun.state import etcd_server
 
     info = etcd_server.status()
     if info is None:

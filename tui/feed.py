@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Callable
 
 from spotrun.errors import ControlPlaneError
-from spotrun.store import Store, WatchHandle, cluster_prefix, connect
+from spotrun.state.store import Store, WatchHandle, cluster_prefix, connect
 
 from spotrun.tui.model import ClusterState, Snapshot
 

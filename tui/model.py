@@ -13,9 +13,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from spotrun.costs import CostSummary, summarize
-from spotrun.records import CheckpointRecord, Event, LedgerSegment, NodeRecord, Notice, Progress, decode, from_dict
-from spotrun.store import WatchEvent, cluster_prefix
+from spotrun.state.ledger import CostSummary, summarize
+from spotrun.state.records import CheckpointRecord, Event, LedgerSegment, NodeRecord, Notice, Progress, decode, from_dict
+from spotrun.state.store import WatchEvent, cluster_prefix
 
 GONE = frozenset({"preempted", "terminated", "failed"})
 STATE_ORDER = {s: i for i, s in enumerate(

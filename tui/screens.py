@@ -168,7 +168,7 @@ class HelpScreen(ModalScreen[None]):
 
 
 class LogScreen(Screen[None]):
-    """Follows one node's training log (through `spotrun.node_ops.logs`) until closed."""
+    """Follows one node's training log (through `spotrun.client.nodes.logs`) until closed."""
 
     BINDINGS = [Binding("escape,q,l", "close", "Close")]
 
@@ -189,7 +189,7 @@ class LogScreen(Screen[None]):
 
     @work(thread=True, exclusive=True)
     def _follow(self) -> None:
-        from spotrun import node_ops
+        from spotrun.client import nodes as node_ops
 
         worker = get_current_worker()
         log = self.query_one(Log)

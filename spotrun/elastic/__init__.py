@@ -1,6 +1,6 @@
 """Elastic training runtime: etcd v3 rendezvous for torchrun, the pre-warmed launcher, trainer helpers.
 
-Also the file conventions shared by the agent's side (spotrun.supervisor, no torch) and the
+Also the file conventions shared by the agent's side (spotrun.node.supervisor, no torch) and the
 launcher's and workers' side; this module imports nothing heavy.
 """
 

@@ -91,12 +91,12 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from spotrun import log
-from spotrun import store as store_mod
+from spotrun.state import store as store_mod
 from spotrun.elastic import PEER_LOST_FILE_ENV
 from spotrun.errors import ControlPlaneError
 
 if TYPE_CHECKING:
-    from spotrun.store import LeaseKeeper, Store, WatchEvent, WatchHandle
+    from spotrun.state.store import LeaseKeeper, Store, WatchEvent, WatchHandle
 
 BACKEND_NAME = "spotrun-etcd"
 _MAGIC = b"spotrun-rdzv/1\n"  # prefix of the stored state blob; anything else is corrupt

@@ -40,7 +40,9 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from spotrun.elastic import PEER_LOST_FILE_ENV, checkpoint, remote_checkpoint, served_path
+from spotrun.elastic import PEER_LOST_FILE_ENV, served_path
+from spotrun.elastic.checkpoint import files as checkpoint
+from spotrun.elastic.checkpoint import remote as remote_checkpoint
 
 EXIT_REFORM = 75  # workers exit with this after an agreed checkpoint: "re-form the group", not a failure
 STORE_POLL_S = 0.01

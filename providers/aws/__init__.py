@@ -1,0 +1,1 @@
+"""AWS EC2: spot offers, launches, notices, catalog."""

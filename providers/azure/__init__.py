@@ -1,0 +1,1 @@
+"""Azure ARM: spot offers, launches, notices, catalog."""

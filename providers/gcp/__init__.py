@@ -1,0 +1,1 @@
+"""Google Compute Engine: spot offers, launches, notices, catalog."""

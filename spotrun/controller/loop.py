@@ -1,0 +1,335 @@
+"""The controller: a level-triggered reconcile loop per cluster (run as a daemon by spotrun.controller.daemon).
+
+Each pass observes (the providers' instances, etcd's nodes, leases, notices, ledger, launch
+intents), asks the pure `plan()` what to do, and applies it. Passes run on every etcd change of
+the cluster's plan inputs, when a rendezvous lease ends (a node that died without notice), and
+at least every RESYNC_S (preemptions show up at the provider, not in etcd).
+All state lives in etcd and at the provider, so the process can be killed at any moment:
+a restarted controller re-reads everything, resumes unfinished launches by their idempotency
+key, and a transient error (etcd or a provider call failing) skips the pass instead of acting
+on half an observation: healthy nodes are never torn down for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from spotrun import log
+from spotrun.state import clusterfile
+from spotrun.state.ledger import close_open, summarize
+from spotrun.errors import CapacityError, SpotrunError
+from spotrun.paths import cluster_dir
+from spotrun.controller.placement import placements, providers_of
+from spotrun.controller.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster,
+                          Terminate, plan)
+from spotrun.controller.bootstrap import LogReporter
+from spotrun.controller.provisioning import Provisioner, cluster_lock
+from spotrun.node.agent import FINISHED_REASON, LEFT_REASON
+from spotrun.state.records import NodeState
+from spotrun.state.store import Store, key, rdzv_key
+
+_log = log.get("controller")
+
+RESYNC_S = 2.0
+MIN_PASS_INTERVAL_S = 0.2
+# Changes to these kinds of key can change the plan; progress and events cannot.
+_PLAN_INPUTS = ("spec", "target", "nodes", "alive", "notices", "launches", "stopped", "standby")
+AVOID_ZONE_S = 300.0  # a zone that just preempted a node is tried last for this long
+PRICE_REFRESH_S = 300.0  # how often live spot prices are re-read into the ledger
+JOIN_WAIT_S = 5.0  # how long a gone node's rendezvous key waits for an activated spare to reach the rendezvous
+
+
+class Controller:
+    """Reconciles one cluster; `reconcile_once()` is one pass, `run(stop)` loops."""
+
+    def __init__(self, cluster: str, store: Store, *, provisioner: Provisioner | None = None) -> None:
+        self.cluster = cluster
+        self.store = store
+        self.record = clusterfile.load(cluster)
+        self.recipe = self.record.recipe()
+        self.provisioner = provisioner or Provisioner(self.recipe, self.record, store,
+                                                      reporter_factory=LogReporter)
+        self._wake = threading.Event()
+        self._prices_at = 0.0
+        self._replay: list | None = None
+        self._preempted_zones: dict[str, float] = {}
+        self._said: set[str] = set()
+        # Rendezvous membership of gone VMs, released once activated spares are in (see _release_gone).
+        self._members_lock = threading.Lock()
+        self._gone_members: set[str] = set()
+        self._joining: dict[str, float] = {}
+
+    # -- loop -----------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Reconcile until `stop`; wakes on any etcd change of the cluster. Blocks."""
+        prefix = key(self.cluster, "")
+        relevant = tuple(prefix + kind for kind in _PLAN_INPUTS)
+        rendezvous = key(self.cluster, "rdzv") + "/"
+        members = rdzv_key(self.cluster, self.cluster, "alive")
+
+        def on_change(event) -> None:
+            # A node that dies without a word shows first as a survivor's "peer lost" report, then
+            # as its rendezvous lease (1 s) ending: look at the provider then, not up to RESYNC_S
+            # later, so a warm spare can join the survivors' re-formation.
+            if event.key.startswith(relevant) or (event.key.startswith(rendezvous) and (
+                    (event.kind == "delete" and "/alive/" in event.key)
+                    or (event.kind == "put" and "/lost/" in event.key))):
+                self._wake.set()
+            if event.kind == "put" and event.key.startswith(members):
+                self._spare_arrived(event.key[len(members):])
+
+        watch = self.store.watch_cluster(self.cluster, on_change)
+        self.event_once("controller", f"controller started (pid {os.getpid()})")
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                try:
+                    self.reconcile_once()
+                except SpotrunError as exc:
+                    _log.warning("pass skipped", extra=log.kv(error=exc))
+                except Exception:  # a bug: keep its traceback in the log, but keep the cluster managed
+                    _log.exception("pass failed")
+                    stop.wait(RESYNC_S)
+                stop.wait(MIN_PASS_INTERVAL_S)  # a burst of changes becomes one pass
+                self._wake.wait(RESYNC_S)
+        finally:
+            watch.cancel()
+
+    def reconcile_once(self) -> list:
+        """Observe, plan, act; returns the actions taken."""
+        with cluster_lock(self.cluster):
+            desired, observed, instances = self._observe()
+            actions = plan(desired, observed)
+            self._expect_spares([a.node for a in actions if isinstance(a, Activate)])
+            for action in actions:
+                self._apply(action, instances)
+            self._release_gone()
+            if not observed.stopped:
+                self._bootstrap_missing()  # VMs that came up without a live agent (crashes, slow boots)
+                self._chaos(instances)
+                self._refresh_prices(instances)
+        return actions
+
+    # -- observe --------------------------------------------------------------------------------
+    def _observe(self):
+        spec = self.store.get_spec(self.cluster)
+        target = self.store.get_target(self.cluster)
+        instances = {i.id: i for i in self.provisioner.instances()}
+        records = {n.id: n for n in self.store.list_nodes(self.cluster)}
+        alive = self.store.list_alive(self.cluster)
+        notices = {n.node: n for n in self.store.list_notices(self.cluster)}
+        ledger = self.store.list_ledger(self.cluster)
+        intents = self.provisioner.pending_intents()
+        standby = self.store.list_standby(self.cluster)
+        recipe = self.recipe if spec is None else type(self.recipe).model_validate(spec[0])
+        budget = recipe.budget
+        desired = Desired(target=recipe.nodes.target if target is None else target, min=recipe.nodes.min,
+                          max=recipe.nodes.max, max_per_hour=budget.max_per_hour if budget else None,
+                          max_total=budget.max_total if budget else None, launch_price=self._launch_price(),
+                          spares=recipe.nodes.spares)
+        ready = self._ready(alive)
+        views = [self._view(inst, records.get(inst.id), inst.id in alive, inst.id in ready, notices.get(inst.id),
+                            ledger.get(inst.id), inst.id in standby)
+                 for inst in instances.values() if not self._finished(inst, records.get(inst.id), ledger.get(inst.id))]
+        spent = summarize([s for segs in ledger.values() for s in segs]).total
+        pending = None
+        if intents:
+            prefix = f"{intents[0].key}-c"  # the provisioner's key per candidate
+            visible = sum(1 for i in instances.values() if not i.state.is_gone
+                          and str(i.labels.get("idempotency_key", "")).startswith(prefix))
+            pending = (intents[0].key, intents[0].count, visible)
+        observed = Observed(views, spent_total=spent, pending_launch=pending,
+                            stopped=self.store.get(key(self.cluster, "stopped")) is not None, now=time.time())
+        return desired, observed, instances
+
+    @staticmethod
+    def _finished(inst, record, segments) -> bool:
+        """Gone, recorded as gone, and billed to the end: nothing left to do about it."""
+        closed = not segments or all(s.end is not None for s in segments)
+        return inst.state.is_gone and closed and record is not None and record.state in (
+            NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED)
+
+    def _ready(self, alive: set[str]) -> set[str]:
+        """Nodes that can take over work now: without training, any live agent; with training,
+        one waiting to join the rendezvous or already reporting steps."""
+        if not self.record.train:
+            return alive
+        waiting = rdzv_key(self.cluster, self.cluster, "waiting")
+        joining = {k[len(waiting):] for k, _, _ in self.store.get_prefix(waiting)}
+        return alive & (joining | {p.node for p in self.store.list_progress(self.cluster)})
+
+    @staticmethod
+    def _view(inst, record, alive: bool, ready: bool, notice, segments, standby: bool) -> NodeView:
+        state = record.state if record else None
+        reason = record.reason if record else ""
+        return NodeView(
+            id=inst.id, price_per_hour=inst.price_per_hour, gone=inst.state.is_gone, alive=alive, ready=ready,
+            noticed=notice is not None, notice_deadline=notice.deadline if notice else None,
+            leaving=state == NodeState.LEAVING, left=state == NodeState.LEAVING and reason == LEFT_REASON,
+            ledger_open=bool(segments) and any(s.end is None for s in segments),
+            launched_at=inst.launched_at, replaces=(record.extra.get("replaces") if record else None),
+            standby=standby, finished=state == NodeState.RUNNING and reason == FINISHED_REASON)
+
+    def _launch_price(self) -> float:
+        try:
+            return placements(self.recipe)[0].offer.price
+        except SpotrunError:
+            return 0.0
+
+    # -- act ------------------------------------------------------------------------------------
+    def _apply(self, action, instances: dict) -> None:
+        if isinstance(action, Launch):
+            self._launch(action)
+        elif isinstance(action, Activate):
+            if self.store.activate_standby(self.cluster, action.node):
+                self.store.add_event(self.cluster, "activate", f"{action.node}: {action.reason}", action.node)
+        elif isinstance(action, Drain):
+            from spotrun.controller.scaling import drain
+
+            drain(self.store, self.cluster, action.node, action.reason)
+        elif isinstance(action, Terminate):
+            self._terminate(instances[action.node], action.reason)
+        elif isinstance(action, CloseLedger):
+            self._close(instances[action.node])
+        elif isinstance(action, StopCluster):
+            self.store.put(key(self.cluster, "stopped"), json.dumps({"reason": action.reason, "at": time.time()}))
+            self.store.set_target(self.cluster, 0)
+            self.store.add_event(self.cluster, "budget", f"stopping the cluster: {action.reason}")
+        elif isinstance(action, Blocked):
+            self.event_once("budget", f"launch of {action.wanted} limited to {action.allowed}: {action.reason}")
+
+    def _refresh_prices(self, instances: dict) -> None:
+        """Spot prices move: every PRICE_REFRESH_S, re-read offers and reprice open ledger segments."""
+        from spotrun.state.ledger import reprice
+
+        if time.time() - self._prices_at < PRICE_REFRESH_S:
+            return
+        self._prices_at = time.time()
+        offers = {(o.provider, o.zone, o.instance_type, o.spot): o for p in providers_of(self.recipe)
+                  for o in p.offers()}
+        for inst in instances.values():
+            spot = inst.price_per_hour != inst.on_demand_per_hour
+            offer = offers.get((inst.provider, inst.zone, inst.instance_type, spot))
+            segments = self.store.get_ledger(self.cluster, inst.id)
+            if offer is not None and segments:
+                updated = reprice(segments, offer.price, offer.on_demand_price, time.time())
+                if updated != segments:
+                    self.store.put_ledger(self.cluster, inst.id, updated)
+                    self.store.add_event(self.cluster, "price", f"{inst.id}: {offer.price:.4f} $/h from now", inst.id)
+
+    def _chaos(self, instances: dict) -> None:
+        from spotrun.controller import chaos
+
+        if self.recipe.chaos is None:
+            return
+        live = [i for i in instances.values() if not i.state.is_gone]
+        providers = {p.name: p for p in providers_of(self.recipe)}
+        for index, entry in chaos.due(self.store, self.cluster, self.recipe.chaos.preempt):
+            chaos.fire(self.store, self.cluster, index, entry, live, providers)
+        for index, event, capacity in chaos.trace_due(self.store, self.cluster, self._trace_events(),
+                                                      self.recipe.nodes.target):
+            chaos.replay(self.store, self.cluster, index, event, capacity, live, providers)
+
+    def _trace_events(self) -> list:
+        """The recipe's chaos trace as replay events, computed once."""
+        if self._replay is None:
+            from spotrun.simulate.traces import load_trace, trace_events
+
+            spec = self.recipe.chaos
+            self._replay = [] if spec.trace is None else trace_events(
+                load_trace(spec.trace), spec.time_scale, self.recipe.nodes.target, notice_s=spec.trace_notice)
+        return self._replay
+
+    def _launch(self, action: Launch) -> None:
+        now = time.time()
+        avoid = frozenset(z for z, at in self._preempted_zones.items() if now - at < AVOID_ZONE_S)
+        try:
+            self.provisioner.launch(action.count, intent_key=action.key, replaces=action.replaces,
+                                    standby=action.standby, avoid_zones=avoid)
+        except CapacityError as exc:
+            self.event_once("capacity", f"launch of {action.count} failed: {exc}")
+
+    def _bootstrap_missing(self) -> None:
+        """Bootstrap running VMs whose agent is not alive. One still booting (its launcher died
+        with an earlier controller) is picked up by a later pass once it runs."""
+        alive = self.store.list_alive(self.cluster)
+        self.provisioner.bootstrap([i for i in self.provisioner.live()
+                                    if i.state.value == "running" and i.id not in alive])
+
+    def _terminate(self, inst, reason: str) -> None:
+        provider = next(p for p in providers_of(self.recipe) if p.name == inst.provider)
+        provider.terminate([inst.id])
+        self._end_billing(inst.id)
+        self._forget_liveness(inst.id)
+        self.provisioner.record_node(inst, NodeState.TERMINATED, reason=reason)
+        self.store.delete_notice(self.cluster, inst.id)
+        self.store.add_event(self.cluster, "terminate", f"{inst.id} terminated: {reason}", inst.id)
+
+    def _close(self, inst) -> None:
+        """The provider reports the VM gone on its own (preemption, failure): stop billing it."""
+        self._end_billing(inst.id)
+        self._forget_liveness(inst.id)
+        state = {"preempted": NodeState.PREEMPTED, "terminated": NodeState.TERMINATED}.get(inst.state.value,
+                                                                                           NodeState.FAILED)
+        if state == NodeState.PREEMPTED:
+            self._preempted_zones[inst.zone] = time.time()
+        self.provisioner.record_node(inst, state, reason=inst.reason or inst.state.value)
+        self.store.delete_notice(self.cluster, inst.id)
+        self.store.add_event(self.cluster, state.value, f"{inst.id} {state.value}: {inst.reason or 'gone'}", inst.id)
+
+    def _forget_liveness(self, node: str) -> None:
+        """The provider says the VM is gone: its leases would linger until their TTL; drop them now
+        (its rendezvous membership once activated spares are in: see _release_gone)."""
+        self.store.delete(key(self.cluster, "alive", node))
+        with self._members_lock:
+            self._gone_members.add(node)
+        self._release_gone()  # now, not after this pass's launches (they can take seconds)
+
+    def _expect_spares(self, nodes: list[str]) -> None:
+        """Spares this pass activates: a gone node's rendezvous key is kept until they are in."""
+        with self._members_lock:
+            self._joining.update((n, time.monotonic()) for n in nodes)
+
+    def _spare_arrived(self, node: str) -> None:
+        """An activated spare's rendezvous key appeared (a watch event): the survivors' round now
+        waits for it, so a gone node's key need not hold that round open any longer."""
+        with self._members_lock:
+            if self._joining.pop(node, None) is None:
+                return
+        try:
+            self._release_gone()
+        except SpotrunError as exc:  # the next pass retries; the gone node's lease ends anyway
+            _log.info("could not release gone nodes", extra=log.kv(error=exc))
+
+    def _release_gone(self) -> None:
+        """Delete the rendezvous keys of VMs the provider reports gone. Survivors hold a round open
+        while a node's key lives (up to its 1 s lease after a hard kill); deleting it lets the round
+        close at once. While an activated spare has not reached the rendezvous yet, the gone
+        node's key is what keeps the round open for it: then wait (at most JOIN_WAIT_S)."""
+        with self._members_lock:
+            now = time.monotonic()
+            self._joining = {n: at for n, at in self._joining.items() if now - at < JOIN_WAIT_S
+                             and self.store.get(rdzv_key(self.cluster, self.cluster, "alive", n)) is None}
+            if self._joining or not self._gone_members:
+                return
+            gone, self._gone_members = self._gone_members, set()
+        for node in sorted(gone):
+            if self.store.delete(rdzv_key(self.cluster, self.cluster, "alive", node)):
+                _log.info("released a gone node's rendezvous membership", extra=log.kv(node=node))
+
+    def _end_billing(self, node: str) -> None:
+        segments = self.store.get_ledger(self.cluster, node)
+        if segments and any(s.end is None for s in segments):
+            self.store.put_ledger(self.cluster, node, close_open(segments, time.time()))
+
+    def event_once(self, kind: str, message: str) -> None:
+        """An event that repeats every pass (budget, capacity) is written once per process."""
+        if message not in self._said:
+            self._said.add(message)
+            self.store.add_event(self.cluster, kind, message)

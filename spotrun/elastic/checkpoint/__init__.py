@@ -1,0 +1,1 @@
+"""Checkpoints written by the training workers: local directories and object storage."""

@@ -1,0 +1,1 @@
+"""Each VM: the node agent, its launcher supervision, the cloud's preemption notices."""

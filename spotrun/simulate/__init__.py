@@ -1,0 +1,1 @@
+"""Offline what-ifs: spot traces replayed through the controller's own planner."""
