@@ -51,9 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=48)
     parser.add_argument("--delay", type=float, default=0.03, help="emulated accelerator seconds per step")
-    parser.add_argument("--ref-world", type=int, default=0,
-                        help="world size at which a step sleeps --delay; others sleep in proportion to their "
-                             "share of the global batch (0: every step sleeps --delay)")
+    parser.add_argument(
+        "--ref-world",
+        type=int,
+        default=0,
+        help="world size at which a step sleeps --delay; others sleep in proportion to their "
+        "share of the global batch (0: every step sleeps --delay)",
+    )
     parser.add_argument("--plain", action="store_true", help="baseline: no emergency save")
     return parser
 
@@ -80,8 +84,7 @@ def main() -> None:
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    trainer = ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch,
-                             dataset_len=len(labels))
+    trainer = ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch, dataset_len=len(labels))
     out = _open_log()
     _write(out, f"RANK {trainer.rank} T0 {T0:.6f} TD {t_data:.6f} T1 {time.time():.6f}")
     rank0 = trainer.rank == 0

@@ -6,7 +6,8 @@ import json
 import statistics
 import subprocess
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def emit(bench: str, case: str, unit: str, spotrun: float, baseline: float | None = None, **extra: Any) -> None:

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _format import emit  # noqa: E402
+from _format import emit
 
-from spotrun.controller.bootstrap import QuietReporter  # noqa: E402
+from spotrun.controller.bootstrap import QuietReporter
 
 RECIPE = """\
 name: bench{count}

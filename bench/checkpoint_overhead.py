@@ -16,22 +16,30 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes" / "quickstart"))
-from _format import emit  # noqa: E402
+from _format import emit
 
 
 def _time_steps(steps: int, every: int | None, directory: Path) -> float:
     import torch
+    import train  # the quickstart model and data
     from torch import nn
 
-    import train  # the quickstart model and data
     from spotrun.elastic.trainer import ElasticTrainer
 
     images, labels = train.make_data(3000)
     model = train.make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    trainer = ElasticTrainer(model, optimizer, total_steps=steps, global_batch=48, dataset_len=3000,
-                             checkpoint_dir=directory, every_steps=every or 10**9, keep=2)
+    trainer = ElasticTrainer(
+        model,
+        optimizer,
+        total_steps=steps,
+        global_batch=48,
+        dataset_len=3000,
+        checkpoint_dir=directory,
+        every_steps=every or 10**9,
+        keep=2,
+    )
     start = None
     for step, idx in trainer.batches():
         if step == 21:  # after warm-up, and after the first periodic checkpoint was started
@@ -70,8 +78,15 @@ def main() -> None:
     baseline = min(timings[None])
     for every in intervals:
         best = min(timings[every])
-        emit("checkpoint_overhead", f"every {every} steps", "s/step", best, baseline,
-             overhead_pct=round(100 * (best / baseline - 1), 2), goal_overhead_pct=3.0)
+        emit(
+            "checkpoint_overhead",
+            f"every {every} steps",
+            "s/step",
+            best,
+            baseline,
+            overhead_pct=round(100 * (best / baseline - 1), 2),
+            goal_overhead_pct=3.0,
+        )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _format import emit, median_wall  # noqa: E402
+from _format import emit, median_wall
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,8 +29,16 @@ def main() -> None:
     }
     for case, argv in cases.items():
         took = median_wall(argv, args.runs, env)
-        emit("cli_startup", case, "s", took, baseline, runs=args.runs, above_baseline=round(took - baseline, 4),
-             goal_above_baseline=0.25)
+        emit(
+            "cli_startup",
+            case,
+            "s",
+            took,
+            baseline,
+            runs=args.runs,
+            above_baseline=round(took - baseline, 4),
+            goal_above_baseline=0.25,
+        )
 
 
 if __name__ == "__main__":

@@ -56,9 +56,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _format import emit  # noqa: E402
-from _workdir import job_workdir, make_data  # noqa: E402
-from spotrun.controller.bootstrap import QuietReporter  # noqa: E402
+from _format import emit
+from _workdir import job_workdir, make_data
+
+from spotrun.controller.bootstrap import QuietReporter
 
 NODES = 3
 GOAL_GOODPUT, GOAL_RATIO = 0.9, 1.5
@@ -196,10 +197,21 @@ class Run:
     def __init__(self, name: str, tmp: Path, endpoint: str, args, *, plain: bool, spares: int = 0) -> None:
         self.name, self.args = name, args
         self.recipe = tmp / f"{name}.yaml"
-        self.recipe.write_text(RECIPE.format(name=name, price=args.price, on_demand=args.price * 3, nodes=NODES,
-                                             spares=spares,
-                                             steps=args.steps, delay=args.delay, plain=" --plain" if plain else "",
-                                             every=args.every, endpoint=endpoint, boot=args.boot))
+        self.recipe.write_text(
+            RECIPE.format(
+                name=name,
+                price=args.price,
+                on_demand=args.price * 3,
+                nodes=NODES,
+                spares=spares,
+                steps=args.steps,
+                delay=args.delay,
+                plain=" --plain" if plain else "",
+                every=args.every,
+                endpoint=endpoint,
+                boot=args.boot,
+            )
+        )
         self.endpoint = endpoint
         home = Path(os.environ["SPOTRUN_HOME"])
         self.steps = Steps(home / "local" / "shared" / name / "steps")
@@ -259,10 +271,15 @@ class Run:
             for a, b in zip(steps, steps[1:]):
                 if b[0] - a[0] > 5 * r.step_s:
                     boot = [x for x in self.steps.boots if a[0] <= x[1] <= b[0]]
-                    r.stalls.append({"at_s": round(a[0] - r.first, 2), "s": round(b[0] - a[0], 2),
-                                     "world": f"{a[2]}->{b[2]}", "step": f"{a[1]}->{b[1]}",
-                                     **({"workers_ready_after_s": round(max(x[1] for x in boot) - a[0], 2)}
-                                        if boot else {})})
+                    r.stalls.append(
+                        {
+                            "at_s": round(a[0] - r.first, 2),
+                            "s": round(b[0] - a[0], 2),
+                            "world": f"{a[2]}->{b[2]}",
+                            "step": f"{a[1]}->{b[1]}",
+                            **({"workers_ready_after_s": round(max(x[1] for x in boot) - a[0], 2)} if boot else {}),
+                        }
+                    )
         store = connect([self.endpoint])
         try:
             segments = [s for segs in store.list_ledger(self.name).values() for s in segs]
@@ -276,12 +293,12 @@ class Run:
     def _dump_events(self, path: Path) -> None:
         try:
             path.write_text(_events_text(self.endpoint, self.name))
-        except Exception as exc:  # noqa: BLE001 - logs only
+        except Exception as exc:
             path.write_text(f"could not read events: {exc}\n")
 
     def down(self, keep: Path | None = None) -> None:
-        from spotrun.state import clusterfile
         from spotrun.client.down import down
+        from spotrun.state import clusterfile
 
         if keep is not None:  # purge deletes the shared dir and the VM dirs
             from spotrun.providers.local.provider import LocalProvider
@@ -352,8 +369,9 @@ def run_spotrun(run: Run, schedule: list[Entry], timeout: float) -> None:
             preempt(run.name, victim, entry.notice)
             if entry.notice > 0:
                 noticed.add(victim)
-            run.result.fired.append({"at_s": round(time.time() - first, 2), "notice_s": entry.notice,
-                                     "victim_rank0": victim == ranked})
+            run.result.fired.append(
+                {"at_s": round(time.time() - first, 2), "notice_s": entry.notice, "victim_rank0": victim == ranked}
+            )
         time.sleep(0.1)
     else:
         raise RuntimeError(f"spotrun: step {run.args.steps} not reached in {timeout:.0f} s")
@@ -392,8 +410,14 @@ def run_baseline(run: Run, schedule: list[Entry], timeout: float) -> None:
         if deaths and now >= first + deaths[0][0]:
             due, entry, victim = deaths.pop(0)
             if victim is None or victim not in _live(run.name, set()):
-                run.result.fired.append({"at_s": round(now - first, 2), "scheduled_s": due, "notice_s": entry.notice,
-                                         "skipped": "victim already gone with an earlier relaunch"})
+                run.result.fired.append(
+                    {
+                        "at_s": round(now - first, 2),
+                        "scheduled_s": due,
+                        "notice_s": entry.notice,
+                        "skipped": "victim already gone with an earlier relaunch",
+                    }
+                )
                 continue
             run.steps.refresh()
             before = max((s[1] for s in run.steps.steps), default=0)
@@ -404,11 +428,17 @@ def run_baseline(run: Run, schedule: list[Entry], timeout: float) -> None:
             up_s = run.up(controller=False)
             resumed = _until(lambda: _first_after(run, killed + down_s), 120, 0.05)
             boot = [b for b in run.steps.boots if b[0] >= killed]
-            run.result.fired.append({
-                "at_s": round(killed - first, 2), "scheduled_s": due, "notice_s": entry.notice,
-                "down_s": round(down_s, 2), "up_s": round(up_s, 2),
-                **({"resumed_from": min(b[2] for b in boot), "last_step_before": before} if boot else {}),
-                **({"kill_to_first_step_s": round(resumed[0] - killed, 2)} if resumed else {})})
+            run.result.fired.append(
+                {
+                    "at_s": round(killed - first, 2),
+                    "scheduled_s": due,
+                    "notice_s": entry.notice,
+                    "down_s": round(down_s, 2),
+                    "up_s": round(up_s, 2),
+                    **({"resumed_from": min(b[2] for b in boot), "last_step_before": before} if boot else {}),
+                    **({"kill_to_first_step_s": round(resumed[0] - killed, 2)} if resumed else {}),
+                }
+            )
         time.sleep(0.1)
     else:
         raise RuntimeError(f"baseline: step {run.args.steps} not reached in {timeout:.0f} s")
@@ -427,32 +457,44 @@ def _attempt(label: str, fn, run: Run, *a, keep: Path | None = None) -> None:
     try:
         fn(run, *a)
         run.conclude()
-    except Exception as exc:  # noqa: BLE001 - report, clean up, keep the other runs' figures
+    except Exception as exc:
         run.result.error = f"{type(exc).__name__}: {exc}"
         print(f"{label} failed: {run.result.error}", file=sys.stderr)
         try:
             run.conclude()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     finally:
         try:
             run.down(keep)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             print(f"{label}: down failed: {exc}", file=sys.stderr)
 
 
-def report(und: Result, spot: Result | None, base: Result | None, schedule: list[Entry], args,
-           bare: Result | None = None) -> None:
+def report(
+    und: Result, spot: Result | None, base: Result | None, schedule: list[Entry], args, bare: Result | None = None
+) -> None:
     """`spot` ran with `args.spares` warm spares, `bare` (if run) with none."""
     t0 = und.wall
     gp = lambda r: (t0 / r.wall) if (r is not None and r.wall and t0) else None  # noqa: E731
     ours, theirs = gp(spot), gp(base)
-    setup = {"nodes": NODES, "spares": args.spares, "steps": args.steps, "delay_s": args.delay,
-             "periodic_every_steps": args.every, "boot_s": args.boot,
-             "schedule": [f"{e.at:g}s notice {e.notice:g}s" for e in schedule]}
-    extra: dict = {"t_undisturbed_s": _r(t0), "t_spotrun_s": _r(spot.wall if spot else None),
-                   "t_baseline_s": _r(base.wall if base else None), "goal": GOAL_GOODPUT,
-                   "goal_ratio_to_baseline": GOAL_RATIO, **setup}
+    setup = {
+        "nodes": NODES,
+        "spares": args.spares,
+        "steps": args.steps,
+        "delay_s": args.delay,
+        "periodic_every_steps": args.every,
+        "boot_s": args.boot,
+        "schedule": [f"{e.at:g}s notice {e.notice:g}s" for e in schedule],
+    }
+    extra: dict = {
+        "t_undisturbed_s": _r(t0),
+        "t_spotrun_s": _r(spot.wall if spot else None),
+        "t_baseline_s": _r(base.wall if base else None),
+        "goal": GOAL_GOODPUT,
+        "goal_ratio_to_baseline": GOAL_RATIO,
+        **setup,
+    }
     if ours and theirs:
         extra["ratio_to_baseline"] = round(ours / theirs, 2)
     for r in (und, spot, bare, base):
@@ -461,24 +503,60 @@ def report(und: Result, spot: Result | None, base: Result | None, schedule: list
             extra[f"{r.name}_reached_step"] = r.reached
     _line("goodput", "ratio", ours, theirs, extra)
     if bare is not None:
-        _line("goodput without spares", "ratio", gp(bare), theirs,
-              {"t_spotrun_s": _r(bare.wall), "spares": 0,
-               **({"ratio_to_baseline": round(gp(bare) / theirs, 2)} if gp(bare) and theirs else {})})
-    _line("steps recomputed", "steps", spot.recomputed if spot else None, base.recomputed if base else None,
-          {"undisturbed": und.recomputed, "without_spares": bare.recomputed if bare else None,
-           "spotrun_step_lines": spot.lines if spot else None, "baseline_step_lines": base.lines if base else None})
+        _line(
+            "goodput without spares",
+            "ratio",
+            gp(bare),
+            theirs,
+            {
+                "t_spotrun_s": _r(bare.wall),
+                "spares": 0,
+                **({"ratio_to_baseline": round(gp(bare) / theirs, 2)} if gp(bare) and theirs else {}),
+            },
+        )
+    _line(
+        "steps recomputed",
+        "steps",
+        spot.recomputed if spot else None,
+        base.recomputed if base else None,
+        {
+            "undisturbed": und.recomputed,
+            "without_spares": bare.recomputed if bare else None,
+            "spotrun_step_lines": spot.lines if spot else None,
+            "baseline_step_lines": base.lines if base else None,
+        },
+    )
     per = lambda r: r.cost / args.steps * 1000 if r is not None and r.cost is not None and r.last else None  # noqa: E731
-    _line("cost per 1000 steps", "$", per(spot), per(base),
-          {"undisturbed": _r(per(und), 6), "without_spares": _r(per(bare), 6), "price_per_vm_hour": args.price,
-           "vms_billed": {r.name: r.vms for r in (und, spot, bare, base) if r is not None},
-           "note": "ledger segments of every VM of the run (spares included), launch -> last step"})
-    detail = {r.name: {"median_step_s": _r(r.step_s, 4), "world_s": {k: round(v, 1) for k, v in sorted(r.world_s.items())},
-                       "worker_starts": r.boots, "stall_s": round(sum(s["s"] for s in r.stalls), 2),
-                       "trainer_init_s": {"median": _r(statistics.median(r.trainer_init_s) if r.trainer_init_s else None, 3),
-                                          "max": _r(max(r.trainer_init_s, default=None), 3)},
-                       "stalls_n": len(r.stalls), "largest_stalls": sorted(r.stalls, key=lambda s: -s["s"])[:6],
-                       "events": r.fired}
-              for r in (und, spot, bare, base) if r is not None}
+    _line(
+        "cost per 1000 steps",
+        "$",
+        per(spot),
+        per(base),
+        {
+            "undisturbed": _r(per(und), 6),
+            "without_spares": _r(per(bare), 6),
+            "price_per_vm_hour": args.price,
+            "vms_billed": {r.name: r.vms for r in (und, spot, bare, base) if r is not None},
+            "note": "ledger segments of every VM of the run (spares included), launch -> last step",
+        },
+    )
+    detail = {
+        r.name: {
+            "median_step_s": _r(r.step_s, 4),
+            "world_s": {k: round(v, 1) for k, v in sorted(r.world_s.items())},
+            "worker_starts": r.boots,
+            "stall_s": round(sum(s["s"] for s in r.stalls), 2),
+            "trainer_init_s": {
+                "median": _r(statistics.median(r.trainer_init_s) if r.trainer_init_s else None, 3),
+                "max": _r(max(r.trainer_init_s, default=None), 3),
+            },
+            "stalls_n": len(r.stalls),
+            "largest_stalls": sorted(r.stalls, key=lambda s: -s["s"])[:6],
+            "events": r.fired,
+        }
+        for r in (und, spot, bare, base)
+        if r is not None
+    }
     print(json.dumps({"bench": "goodput", "case": "where the time goes", "detail": detail}), flush=True)
 
 
@@ -486,8 +564,19 @@ def _line(case: str, unit: str, ours, theirs, extra: dict) -> None:
     if ours is not None:
         emit("goodput", case, unit, ours, theirs, **extra)
     else:
-        print(json.dumps({"bench": "goodput", "case": case, "unit": unit, "spotrun": None,
-                          "baseline": None if theirs is None else round(theirs, 4), **extra}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "bench": "goodput",
+                    "case": case,
+                    "unit": unit,
+                    "spotrun": None,
+                    "baseline": None if theirs is None else round(theirs, 4),
+                    **extra,
+                }
+            ),
+            flush=True,
+        )
 
 
 def _r(value, digits: int = 2):
@@ -496,20 +585,35 @@ def _r(value, digits: int = 2):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="spotrun,no-spare,baseline",
-                        help="disturbed runs to make, of spotrun (with --spares), no-spare (spotrun without "
-                             "spares), baseline (default: all three)")
+    parser.add_argument(
+        "--only",
+        default="spotrun,no-spare,baseline",
+        help="disturbed runs to make, of spotrun (with --spares), no-spare (spotrun without "
+        "spares), baseline (default: all three)",
+    )
     parser.add_argument("--spares", type=int, default=1, help="warm spares of the spotrun run (nodes.spares)")
     parser.add_argument("--steps", type=int, default=2500, help="training steps of every run")
-    parser.add_argument("--delay", type=float, default=0.03,
-                        help="emulated accelerator time per step at world 3 (s; scales with each node's share)")
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=0.03,
+        help="emulated accelerator time per step at world 3 (s; scales with each node's share)",
+    )
     parser.add_argument("--every", type=int, default=50, help="periodic checkpoint every N steps (all runs)")
     parser.add_argument("--schedule", default=DEFAULT_SCHEDULE, help="AT:NOTICE[:INDEX],... after the first step")
     parser.add_argument("--price", type=float, default=1.0, help="spot $/hour of one VM (on-demand: 3x)")
-    parser.add_argument("--boot", type=float, default=8.0,
-                        help="emulated launch-to-SSH time of every VM (s; 0: local VMs' own, under 1 s)")
-    parser.add_argument("--timeout", type=float, default=400.0,
-                        help="max seconds of training per run (a disturbed run also stops at 3 x T0)")
+    parser.add_argument(
+        "--boot",
+        type=float,
+        default=8.0,
+        help="emulated launch-to-SSH time of every VM (s; 0: local VMs' own, under 1 s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=400.0,
+        help="max seconds of training per run (a disturbed run also stops at 3 x T0)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) and print its path")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -542,8 +646,14 @@ def main() -> None:
             if "baseline" in only:
                 base = Run("gp-baseline", tmp, etcd.endpoint, args, plain=True)
                 _attempt("baseline", run_baseline, base, schedule, limit, keep=keep)
-        report(und.result, spot.result if spot else None, base.result if base else None, schedule, args,
-               bare.result if bare else None)
+        report(
+            und.result,
+            spot.result if spot else None,
+            base.result if base else None,
+            schedule,
+            args,
+            bare.result if bare else None,
+        )
     finally:
         if args.keep:
             print(f"logs kept in {tmp}", file=sys.stderr)

@@ -61,14 +61,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _format import emit  # noqa: E402
-from _workdir import job_workdir, make_data  # noqa: E402
-from spotrun.controller.bootstrap import QuietReporter  # noqa: E402
+from _format import emit
+from _workdir import job_workdir, make_data
+
+from spotrun.controller.bootstrap import QuietReporter
 
 CLUSTER = "recovery"
 CASES = ("notice", "hard kill", "scale up")
@@ -214,12 +215,18 @@ def breakdown(timeline: Timeline, event: float, world: int) -> dict[str, float]:
     step = timeline.first(event, world)
     if boot is None or step is None or not event <= boot.t0 <= step.t:
         return {}
-    out = {"to_worker_start_s": round(boot.t0 - event, 3), "worker_init_s": round(boot.t - boot.t0, 3),
-           "to_first_step_s": round(step.t - boot.t, 3), "resumed_from": boot.step}
+    out = {
+        "to_worker_start_s": round(boot.t0 - event, 3),
+        "worker_init_s": round(boot.t - boot.t0, 3),
+        "to_first_step_s": round(step.t - boot.t, 3),
+        "resumed_from": boot.step,
+    }
     # Further re-formations at the same size right after (each one a stall): count them and time
     # the event -> first step of the last one ("steady").
-    boots = sorted((x for x in timeline.lines if x.kind == "BOOT" and x.world == world and event < x.t0 < event + 10),
-                   key=lambda x: x.t)
+    boots = sorted(
+        (x for x in timeline.lines if x.kind == "BOOT" and x.world == world and event < x.t0 < event + 10),
+        key=lambda x: x.t,
+    )
     if len(boots) > 1:
         steady = timeline.first(boots[-1].t, world)
         out["reformations"] = len(boots)
@@ -253,12 +260,12 @@ def _until(check, timeout: float, step: float = 0.05):
 
 
 def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
-    from spotrun.controller.daemon import running_pid, start_daemon, stop_daemon
     from spotrun.client.down import down
     from spotrun.client.nodes import preempt
+    from spotrun.client.up import up
+    from spotrun.controller.daemon import running_pid, start_daemon, stop_daemon
     from spotrun.controller.scaling import set_target
     from spotrun.state.store import connect
-    from spotrun.client.up import up
 
     side = Side()
     home = Path(os.environ["SPOTRUN_HOME"])
@@ -322,9 +329,14 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         windows.append(("notice", start))
         first = timeline.wait_first(start, 2, 60)
         side.seconds["notice"] = round(first.t - start, 3) if first else None
-        side.context["notice"] = {"world_before": 3, "world_after": 2, "notice_s": args.notice,
-                                  "leave_after_notice_s": round(start - sent, 3), "victim_rank0": False,
-                                  **breakdown(timeline, start, 2)}
+        side.context["notice"] = {
+            "world_before": 3,
+            "world_after": 2,
+            "notice_s": args.notice,
+            "leave_after_notice_s": round(start - sent, 3),
+            "victim_rank0": False,
+            **breakdown(timeline, start, 2),
+        }
         timeline.wait_steps(2, 20, 60)
         time.sleep(max(0.0, deadline + 1.0 - time.time()))  # the VM dies at its deadline
         refill(deadline, known)
@@ -338,8 +350,13 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         windows.append(("hard kill", start))
         first = timeline.wait_first(start, 2, 60)
         side.seconds["hard kill"] = round(first.t - start, 3) if first else None
-        side.context["hard kill"] = {"world_before": 3, "world_after": 2, "victim_rank0": False, "event_at_step": at_step,
-                                     **breakdown(timeline, start, 2)}
+        side.context["hard kill"] = {
+            "world_before": 3,
+            "world_after": 2,
+            "victim_rank0": False,
+            "event_at_step": at_step,
+            **breakdown(timeline, start, 2),
+        }
         timeline.wait_steps(2, 20, 60)
         refill(start, known)
 
@@ -354,15 +371,18 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         first = timeline.wait_first(start, 4, 60)
         side.seconds["scale up"] = round(first.t - start, 3) if first else None
         new = join[0].node
-        side.context["scale up"] = {"world_before": 3, "world_after": 4,
-                                    "scale_to_join_s": round(start - asked, 3),
-                                    **({"join_to_rdzv_waiting_s": round(waiting[new] - start, 3)} if new in waiting else {}),
-                                    **breakdown(timeline, start, 4)}
+        side.context["scale up"] = {
+            "world_before": 3,
+            "world_after": 4,
+            "scale_to_join_s": round(start - asked, 3),
+            **({"join_to_rdzv_waiting_s": round(waiting[new] - start, 3)} if new in waiting else {}),
+            **breakdown(timeline, start, 4),
+        }
         timeline.wait_steps(4, 20, 30)
         watch.cancel()
         timeline.refresh()
         side.lost = steps_lost(timeline, windows)
-    except Exception as exc:  # noqa: BLE001 - report, clean up, keep the other side's figures
+    except Exception as exc:
         side.error = f"{type(exc).__name__}: {exc}"
         print(f"spotrun side failed: {side.error}", file=sys.stderr)
     finally:
@@ -374,7 +394,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
                 shutil.copy(log, tmp / "spot-logs" / log.parts[-4] / log.name)
         try:
             down(CLUSTER, purge=True)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             print(f"spotrun down failed: {exc}", file=sys.stderr)
     return side
 
@@ -413,18 +433,42 @@ class TorchrunNode:
         self.name = name
         self.log = logs / f"{name}.log"
         self.joined_at: float | None = None  # its rendezvous join attempt, as torch logs it
-        argv = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=recovery-baseline", "--nnodes=1:4",
-                "--nproc-per-node=1", "--max-restarts=100", f"--rdzv-conf=is_host={int(host)}",
-                "train.py", "--plain", "--delay", str(args.delay)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "SPOTRUN_CHECKPOINT_DIR": str(work / "checkpoints"),
-               "SPOTRUN_CHECKPOINT_EVERY_STEPS": str(args.every), "SPOTRUN_CHECKPOINT_KEEP": "3",
-               "LOGLEVEL": "INFO"}  # torch's elastic log level only: logs the rendezvous join time
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=recovery-baseline",
+            "--nnodes=1:4",
+            "--nproc-per-node=1",
+            "--max-restarts=100",
+            f"--rdzv-conf=is_host={int(host)}",
+            "train.py",
+            "--plain",
+            "--delay",
+            str(args.delay),
+        ]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "SPOTRUN_CHECKPOINT_DIR": str(work / "checkpoints"),
+            "SPOTRUN_CHECKPOINT_EVERY_STEPS": str(args.every),
+            "SPOTRUN_CHECKPOINT_KEEP": "3",
+            "LOGLEVEL": "INFO",
+        }  # torch's elastic log level only: logs the rendezvous join time
         for k in ("SPOTRUN_CONTROL_FILE", "SPOTRUN_PROGRESS_FILE", "SPOTRUN_COLLECTIVE_TIMEOUT_S"):
             env.pop(k, None)
         self.started = time.time()
-        self.proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=work,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
 
@@ -522,8 +566,13 @@ class BaselineJob:
                     errors.append((at, name, f"{name}: {text.strip()[:300]}"))
         ended = [e for e in errors if e[1] == "b0"] if not self.nodes["b0"].alive() else []
         error = max(ended or errors, default=None)
-        return {"rendezvous_rounds": rounds, "worker_group_failures": failed, "restarts_for_new_nodes": new_nodes,
-                "restart_counts": counts, "last_error": error[2] if error else None}
+        return {
+            "rendezvous_rounds": rounds,
+            "worker_group_failures": failed,
+            "restarts_for_new_nodes": new_nodes,
+            "restart_counts": counts,
+            "last_error": error[2] if error else None,
+        }
 
     def wait_first(self, after: float, world: int, timeout: float, victim: str | None) -> tuple[Line | None, bool]:
         """The first step at `world` after `after`, or (None, died) when the bound passed or the job died."""
@@ -581,19 +630,34 @@ def run_baseline(tmp: Path, data: Path, args) -> Side:
             agents = job.agent_log(event)
             if first is None:
                 side.seconds[case] = None
-                side.context[case] = {"event_at_step": at_step, **agents, **(
-                    {"baseline_failed": f"the torchrun job died {time.time() - event:.0f} s after the event "
-                                        "without a step at the new size"} if died else {"baseline_timed_out_s": timeout})}
+                side.context[case] = {
+                    "event_at_step": at_step,
+                    **agents,
+                    **(
+                        {
+                            "baseline_failed": f"the torchrun job died {time.time() - event:.0f} s after the event "
+                            "without a step at the new size"
+                        }
+                        if died
+                        else {"baseline_timed_out_s": timeout}
+                    ),
+                }
             else:
                 side.seconds[case] = round(first.t - t, 3)
-                side.context[case] = {"event_at_step": at_step, **({"clock_from": clock_from,
-                                          "agent_start_to_join_s": round(t - node.started, 3)} if clock_from else {}),
-                                      **breakdown(job.timeline, t, world),
-                                      **{k: v for k, v in agents.items() if k != "last_error"}}
+                side.context[case] = {
+                    "event_at_step": at_step,
+                    **(
+                        {"clock_from": clock_from, "agent_start_to_join_s": round(t - node.started, 3)}
+                        if clock_from
+                        else {}
+                    ),
+                    **breakdown(job.timeline, t, world),
+                    **{k: v for k, v in agents.items() if k != "last_error"},
+                }
                 job.timeline.wait_steps(world, 10, 30)
             job.timeline.refresh()
             side.lost[case] = steps_lost(job.timeline, [("before", 0.0), (case, t)])[case]
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             side.seconds[case] = None
             side.context[case] = {"baseline_error": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -607,28 +671,43 @@ def run_baseline(tmp: Path, data: Path, args) -> Side:
 def report(spot: Side, base: Side) -> None:
     for case in CASES:
         ours, theirs = spot.seconds.get(case), base.seconds.get(case)
-        extra: dict = {"steps_lost": spot.lost.get(case), "baseline_steps_lost": base.lost.get(case),
-                       "goal_s": GOALS[case]}
+        extra: dict = {
+            "steps_lost": spot.lost.get(case),
+            "baseline_steps_lost": base.lost.get(case),
+            "goal_s": GOALS[case],
+        }
         extra.update(spot.context.get(case, {}))
         if ours is not None and theirs is not None and ours > 0:
             extra["speedup"] = round(theirs / ours, 1)
         if base.context.get(case):
             extra["baseline_detail"] = base.context[case]
         if case in base.seconds:
-            extra["baseline_setup"] = ("plain torchrun c10d, fresh 3-node job; its c10d store host is never the victim "
-                                       "(plain torchrun cannot recover without it)")
+            extra["baseline_setup"] = (
+                "plain torchrun c10d, fresh 3-node job; its c10d store host is never the victim "
+                "(plain torchrun cannot recover without it)"
+            )
         if ours is None:
             extra["spotrun_error"] = spot.error or ("did not recover in time" if case in spot.seconds else "not run")
         if ours is not None:
             emit("recovery", case, "s", ours, theirs, **extra)
         else:  # emit() takes a number; keep the same shape with null
-            print(json.dumps({"bench": "recovery", "case": case, "unit": "s", "spotrun": None,
-                              "baseline": theirs, **extra}), flush=True)
+            print(
+                json.dumps(
+                    {"bench": "recovery", "case": case, "unit": "s", "spotrun": None, "baseline": theirs, **extra}
+                ),
+                flush=True,
+            )
     if spot.refills:
-        emit("recovery", "refill", "s", _mean(spot.refills) or 0.0,
-             note="spotrun only: the controller's replacement joins (2 -> 3) between cases, join event -> "
-                  "first step at world 3; the baseline runs each case on a fresh 3-node job instead",
-             all=spot.refills, steps_lost=spot.lost.get("refill"))
+        emit(
+            "recovery",
+            "refill",
+            "s",
+            _mean(spot.refills) or 0.0,
+            note="spotrun only: the controller's replacement joins (2 -> 3) between cases, join event -> "
+            "first step at world 3; the baseline runs each case on a fresh 3-node job instead",
+            all=spot.refills,
+            steps_lost=spot.lost.get("refill"),
+        )
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -643,8 +722,12 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.03, help="sleep per training step (s)")
     parser.add_argument("--every", type=int, default=20, help="periodic checkpoint every N steps (both sides)")
     parser.add_argument("--warm-steps", type=int, default=40, help="steps at world 3 before the first event")
-    parser.add_argument("--baseline-timeout", type=float, default=180.0,
-                        help="max wait per baseline recovery (s); see the module docstring for why 180")
+    parser.add_argument(
+        "--baseline-timeout",
+        type=float,
+        default=180.0,
+        help="max wait per baseline recovery (s); see the module docstring for why 180",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) and print its path")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -666,11 +749,19 @@ def main() -> None:
         if args.only != "spotrun":
             base = run_baseline(tmp, data, args)
         report(spot, base)
-        measured = {key: spot.seconds.get(case) for key, case in
-                    (("recovery_notice_s", "notice"), ("recovery_hard_kill_s", "hard kill"), ("scale_up_s", "scale up"))}
+        measured = {
+            key: spot.seconds.get(case)
+            for key, case in (
+                ("recovery_notice_s", "notice"),
+                ("recovery_hard_kill_s", "hard kill"),
+                ("scale_up_s", "scale up"),
+            )
+        }
         if any(v is not None for v in measured.values()):  # `spotrun simulate` reads these
-            print(f"figures recorded in {record_figures({k: v for k, v in measured.items() if v is not None}, figures)}",
-                  file=sys.stderr)
+            print(
+                f"figures recorded in {record_figures({k: v for k, v in measured.items() if v is not None}, figures)}",
+                file=sys.stderr,
+            )
     finally:
         if args.keep:
             print(f"logs kept in {tmp}", file=sys.stderr)

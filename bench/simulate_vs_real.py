@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _format import emit  # noqa: E402
-from spotrun.controller.bootstrap import QuietReporter  # noqa: E402
+from _format import emit
+
+from spotrun.controller.bootstrap import QuietReporter
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "simvsreal"
@@ -93,10 +94,10 @@ def _run(recipe: Path, steps: int, events, timeout: float) -> tuple[float, float
 
 
 def _replay(events, start: float, stop: threading.Event) -> None:
-    from spotrun.state import clusterfile
     from spotrun.client.nodes import preempt
     from spotrun.controller.placement import providers_of
     from spotrun.controller.scaling import set_target
+    from spotrun.state import clusterfile
 
     capacity = None
     for event in events:
@@ -104,7 +105,7 @@ def _replay(events, start: float, stop: threading.Event) -> None:
             return
         try:
             store = _store(CLUSTER)
-        except Exception as exc:  # noqa: BLE001 - the cluster is not up yet: try once more shortly
+        except Exception as exc:
             print(f"replay: {exc}", file=sys.stderr)
             continue
         try:
@@ -115,14 +116,18 @@ def _replay(events, start: float, stop: threading.Event) -> None:
             if event.action == "preempt":
                 capacity -= event.count
                 set_target(store, CLUSTER, max(recipe.nodes.min, capacity))
-                live = [i for p in providers_of(recipe) for i in p.instances(CLUSTER)
-                        if not i.state.is_gone and i.id not in noticed]
-                for inst in sorted(live, key=lambda i: (i.launched_at, i.id), reverse=True)[:event.count]:
+                live = [
+                    i
+                    for p in providers_of(recipe)
+                    for i in p.instances(CLUSTER)
+                    if not i.state.is_gone and i.id not in noticed
+                ]
+                for inst in sorted(live, key=lambda i: (i.launched_at, i.id), reverse=True)[: event.count]:
                     preempt(CLUSTER, inst.id, event.notice_s)
             else:
                 capacity += event.count
                 set_target(store, CLUSTER, min(recipe.nodes.max, capacity))
-        except Exception as exc:  # noqa: BLE001 - a bench: report and go on
+        except Exception as exc:
             print(f"replay {event}: {type(exc).__name__}: {exc}", file=sys.stderr)
         finally:
             store.close()
@@ -137,8 +142,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
 
-    from spotrun.simulate.engine import load_figures, simulate
     from spotrun.recipe.schema import load_recipe
+    from spotrun.simulate.engine import load_figures, simulate
     from spotrun.simulate.traces import Trace, trace_events
 
     scale = args.tick / 300.0
@@ -146,27 +151,43 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="spotrun-simvsreal-") as tmp:
         os.environ["SPOTRUN_HOME"] = str(Path(tmp) / "home")
         recipe = Path(tmp) / "recipe.yaml"
-        recipe.write_text(RECIPE.format(name=CLUSTER, target=args.nodes, steps=args.steps,
-                                        workdir=ROOT / "recipes" / "quickstart"))
+        recipe.write_text(
+            RECIPE.format(name=CLUSTER, target=args.nodes, steps=args.steps, workdir=ROOT / "recipes" / "quickstart")
+        )
         plain_s, up_s, seen = _run(recipe, args.steps, [], args.timeout)
         first = next(t for t, s in seen if s > 0)
         step_at_target = (plain_s - first) / max(1, args.steps - next(s for t, s in seen if s > 0))
-        replay_s, _, _ = _run(recipe, args.steps, trace_events(trace, scale, args.nodes, notice_s=args.notice),
-                              args.timeout)
-        figures, sources = load_figures(overrides={"bootstrap_s": first, "step_s": step_at_target * args.nodes,
-                                                   "step_s_by_world": {str(args.nodes): step_at_target}})
+        replay_s, _, _ = _run(
+            recipe, args.steps, trace_events(trace, scale, args.nodes, notice_s=args.notice), args.timeout
+        )
+        figures, sources = load_figures(
+            overrides={
+                "bootstrap_s": first,
+                "step_s": step_at_target * args.nodes,
+                "step_s_by_world": {str(args.nodes): step_at_target},
+            }
+        )
         scaled = Trace(args.tick, TRACE, "bench")
-        result = simulate(load_recipe(recipe), [scaled], ["spotrun"], figures=figures, figure_sources=sources,
-                          notice_s=args.notice)
+        result = simulate(
+            load_recipe(recipe), [scaled], ["spotrun"], figures=figures, figure_sources=sources, notice_s=args.notice
+        )
     simulated = result.undisturbed_s / result.policy("spotrun").time_s
     measured = plain_s / replay_s
-    emit("simulate_vs_real", "goodput", "ratio", measured, simulated,
-         error_pct=round(100 * abs(simulated - measured) / measured, 1), goal_pct=10,
-         undisturbed_s=round(plain_s, 2), replay_s=round(replay_s, 2),
-         simulated_undisturbed_s=round(result.undisturbed_s, 2),
-         simulated_replay_s=round(result.policy("spotrun").time_s, 2),
-         figures={k: v for k, v in figures.to_dict().items()},
-         default_figures=sorted(k for k, v in sources.items() if v == "default"))
+    emit(
+        "simulate_vs_real",
+        "goodput",
+        "ratio",
+        measured,
+        simulated,
+        error_pct=round(100 * abs(simulated - measured) / measured, 1),
+        goal_pct=10,
+        undisturbed_s=round(plain_s, 2),
+        replay_s=round(replay_s, 2),
+        simulated_undisturbed_s=round(result.undisturbed_s, 2),
+        simulated_replay_s=round(result.policy("spotrun").time_s, 2),
+        figures={k: v for k, v in figures.to_dict().items()},
+        default_figures=sorted(k for k, v in sources.items() if v == "default"),
+    )
 
 
 if __name__ == "__main__":

@@ -21,28 +21,44 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _format import emit  # noqa: E402
+from _format import emit
 
-from spotrun.state.etcd_server import EtcdProcess  # noqa: E402
-from spotrun.state.records import LedgerSegment, NodeRecord, NodeState, Progress  # noqa: E402
-from spotrun.state.store import connect  # noqa: E402
+from spotrun.state.etcd_server import EtcdProcess
+from spotrun.state.records import LedgerSegment, NodeRecord, NodeState, Progress
+from spotrun.state.store import connect
 
 CLUSTER = "bench-tui"
 STATES = (NodeState.RUNNING, NodeState.RUNNING, NodeState.RUNNING, NodeState.NOTICE, NodeState.LEAVING)
 
 
 def node(i: int, now: float, state: NodeState = NodeState.RUNNING) -> NodeRecord:
-    return NodeRecord(f"w-{i:04d}", CLUSTER, "local", f"lo-{'abcd'[i % 4]}", "cpu-small", 0.12, 0.40,
-                      state=state, launched_at=now - 60 - i)
+    return NodeRecord(
+        f"w-{i:04d}",
+        CLUSTER,
+        "local",
+        f"lo-{'abcd'[i % 4]}",
+        "cpu-small",
+        0.12,
+        0.40,
+        state=state,
+        launched_at=now - 60 - i,
+    )
 
 
 def populate(endpoint: str, workers: int) -> None:
     now = time.time()
     with connect([endpoint]) as store:
         store.delete_cluster(CLUSTER)
-        store.put_spec(CLUSTER, {"name": CLUSTER, "run": "python train.py --steps 1000000",
-                                 "nodes": {"min": 1, "max": workers * 2, "target": workers},
-                                 "checkpoint": {"every_steps": 500}, "budget": {"max_total": 10000.0}})
+        store.put_spec(
+            CLUSTER,
+            {
+                "name": CLUSTER,
+                "run": "python train.py --steps 1000000",
+                "nodes": {"min": 1, "max": workers * 2, "target": workers},
+                "checkpoint": {"every_steps": 500},
+                "budget": {"max_total": 10000.0},
+            },
+        )
         store.set_target(CLUSTER, workers)
         for i in range(workers):
             store.put_node(node(i, now))
@@ -61,8 +77,12 @@ def writer(endpoint: str, ids: list[int], workers: int, hz: float, seconds: floa
         while time.monotonic() - start < seconds:
             now = time.time()
             for i in ids:
-                store.put_progress(CLUSTER, Progress(f"w-{i:04d}", round_ * 10 + i % 7, 100.0 + (i + round_) % 13,
-                                                     workers, now, 3.0 - round_ * 0.001))
+                store.put_progress(
+                    CLUSTER,
+                    Progress(
+                        f"w-{i:04d}", round_ * 10 + i % 7, 100.0 + (i + round_) % 13, workers, now, 3.0 - round_ * 0.001
+                    ),
+                )
                 writes += 1
                 if (i + round_) % 50 == 0:
                     store.put_node(node(i, now, STATES[(i + round_) % len(STATES)]))
@@ -88,8 +108,9 @@ def proc_stats(pid: int) -> tuple[float, float]:
 
 
 def app_pid(session: str) -> int:
-    out = subprocess.run(["tmux", "list-panes", "-t", session, "-F", "#{pane_pid}"], capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["tmux", "list-panes", "-t", session, "-F", "#{pane_pid}"], capture_output=True, text=True, check=True
+    ).stdout.split()
     pid = int(out[0])
     # tmux may start the command under a shell: take its python child if there is one.
     children = Path(f"/proc/{pid}/task/{pid}/children")
@@ -115,8 +136,12 @@ def main() -> None:
         subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", cols, "-y", rows, command], check=True)
         try:
             deadline = time.monotonic() + 30
-            while "w-0000" not in subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
-                                                 capture_output=True, text=True).stdout:
+            while (
+                "w-0000"
+                not in subprocess.run(
+                    ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True
+                ).stdout
+            ):
                 if time.monotonic() > deadline:
                     sys.exit("the TUI did not show the workers within 30 s")
                 time.sleep(0.2)
@@ -124,8 +149,13 @@ def main() -> None:
             time.sleep(1.0)  # let start-up work settle
             counts: mp.Queue = mp.Queue()
             ids = list(range(args.workers))
-            procs = [mp.Process(target=writer, args=(etcd.endpoint, ids[k::args.writers], args.workers, args.hz,
-                                                     args.seconds, counts)) for k in range(args.writers)]
+            procs = [
+                mp.Process(
+                    target=writer,
+                    args=(etcd.endpoint, ids[k :: args.writers], args.workers, args.hz, args.seconds, counts),
+                )
+                for k in range(args.writers)
+            ]
             cpu0, _ = proc_stats(pid)
             t0 = time.monotonic()
             for p in procs:
@@ -135,15 +165,25 @@ def main() -> None:
             wall = time.monotonic() - t0
             cpu1, peak = proc_stats(pid)
             writes = sum(counts.get() for _ in procs)
-            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
-                                    text=True).stdout
+            screen = subprocess.run(
+                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True
+            ).stdout
             if "disconnected" in screen or "w-0000" not in screen:
                 sys.exit(f"the TUI was not showing live workers at the end:\n{screen}")
         finally:
             subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
-    emit("tui", f"{args.workers} workers", "%", 100.0 * (cpu1 - cpu0) / wall, peak_rss_mb=round(peak, 1),
-         writes_per_s=round(writes / wall), target_writes_per_s=round(args.workers * args.hz),
-         seconds=round(wall, 1), size=args.size, goal=25)
+    emit(
+        "tui",
+        f"{args.workers} workers",
+        "%",
+        100.0 * (cpu1 - cpu0) / wall,
+        peak_rss_mb=round(peak, 1),
+        writes_per_s=round(writes / wall),
+        target_writes_per_s=round(args.workers * args.hz),
+        seconds=round(wall, 1),
+        size=args.size,
+        goal=25,
+    )
 
 
 if __name__ == "__main__":

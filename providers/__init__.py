@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from spotrun.errors import ProviderError
 from spotrun.providers.base import (
     Instance,
     InstanceState,
@@ -20,8 +19,19 @@ from spotrun.providers.base import (
     supports,
 )
 
-__all__ = ["Instance", "InstanceState", "LaunchSpec", "NoticeProtocol", "Offer", "Provider",
-           "get_provider", "known_providers", "supports"]
+from spotrun.errors import ProviderError
+
+__all__ = [
+    "Instance",
+    "InstanceState",
+    "LaunchSpec",
+    "NoticeProtocol",
+    "Offer",
+    "Provider",
+    "get_provider",
+    "known_providers",
+    "supports",
+]
 
 # name -> (module, class); the module is imported only when that provider is asked for.
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -49,6 +59,5 @@ def get_provider(name: str, **config: Any) -> Provider:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ProviderError(f"provider {name!r} cannot be loaded: {exc}",
-                            hint="install the package it names") from exc
+        raise ProviderError(f"provider {name!r} cannot be loaded: {exc}", hint="install the package it names") from exc
     return getattr(module, class_name)(**config)

@@ -76,8 +76,10 @@ class LaunchSpec:
 
     def __post_init__(self) -> None:
         if not _CLUSTER_NAME.match(self.cluster):
-            raise ProviderError(f"cluster name {self.cluster!r} is not valid",
-                                hint="use letters, digits, '.', '_' or '-', at most 63 characters")
+            raise ProviderError(
+                f"cluster name {self.cluster!r} is not valid",
+                hint="use letters, digits, '.', '_' or '-', at most 63 characters",
+            )
         if self.count < 1:
             raise ProviderError(f"launch count ({self.count}) must be >= 1")
         if not self.idempotency_key:

@@ -28,10 +28,10 @@ def new_host_key() -> HostKey:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption()).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                           serialization.PublicFormat.OpenSSH).decode()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    ).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
     return HostKey(private=private, public=public)
 
 
@@ -42,11 +42,18 @@ def user_data(host_key: HostKey, authorized_key: str, *, cluster: str, ssh_user:
     The node agent is installed afterwards by spotrun's SSH bootstrap, which pins this key.
     """
     config = {
-        "ssh_deletekeys": True,      # drop the image's keys ...
-        "ssh_genkeytypes": [],       # ... and generate none: ours is the only host key
+        "ssh_deletekeys": True,  # drop the image's keys ...
+        "ssh_genkeytypes": [],  # ... and generate none: ours is the only host key
         "ssh_keys": {"ed25519_private": host_key.private, "ed25519_public": host_key.public},
-        "users": ["default", {"name": ssh_user, "ssh_authorized_keys": [authorized_key.strip()],
-                              "sudo": "ALL=(ALL) NOPASSWD:ALL", "shell": "/bin/bash"}],
+        "users": [
+            "default",
+            {
+                "name": ssh_user,
+                "ssh_authorized_keys": [authorized_key.strip()],
+                "sudo": "ALL=(ALL) NOPASSWD:ALL",
+                "shell": "/bin/bash",
+            },
+        ],
         "write_files": [{"path": "/etc/spotrun/cluster", "content": cluster + "\n", "permissions": "0644"}],
     }
     return "#cloud-config\n" + json.dumps(config, indent=1) + "\n"

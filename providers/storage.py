@@ -63,8 +63,9 @@ class ObjectStore:
 
     def put_file(self, name: str, path: Path) -> None:
         """Upload the file at `path` as object `name` (one PUT: the object appears whole or not)."""
-        self._call(f"upload {name}", lambda: self.driver.upload_object(str(path), self.container(), name,
-                                                                       verify_hash=False))
+        self._call(
+            f"upload {name}", lambda: self.driver.upload_object(str(path), self.container(), name, verify_hash=False)
+        )
 
     def download(self, name: str, path: Path) -> bool:
         """Download object `name` to `path`; False when it does not exist."""
@@ -92,8 +93,12 @@ class ObjectStore:
 
     def names(self, prefix: str) -> list[str]:
         """Names of every object under `prefix`."""
-        return [obj.name for obj in self._call(f"list {prefix}", lambda: list(
-            self.driver.iterate_container_objects(self.container(), prefix=prefix)))]
+        return [
+            obj.name
+            for obj in self._call(
+                f"list {prefix}", lambda: list(self.driver.iterate_container_objects(self.container(), prefix=prefix))
+            )
+        ]
 
     def delete(self, name: str) -> None:
         """Delete object `name`; a missing one is fine."""
@@ -112,13 +117,17 @@ class ObjectStore:
         try:
             return fn()
         except ContainerDoesNotExistError as exc:
-            raise ProviderError(f"bucket {self.scheme}://{self.bucket} does not exist",
-                                hint="create it first, or fix the checkpoint URL") from exc
+            raise ProviderError(
+                f"bucket {self.scheme}://{self.bucket} does not exist",
+                hint="create it first, or fix the checkpoint URL",
+            ) from exc
         except ProviderError:
             raise
-        except Exception as exc:   # libcloud's errors share no useful base class
-            raise ProviderError(f"object storage: cannot {what} in {self.scheme}://{self.bucket}: "
-                                f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+        except Exception as exc:  # libcloud's errors share no useful base class
+            raise ProviderError(
+                f"object storage: cannot {what} in {self.scheme}://{self.bucket}: "
+                f"{type(exc).__name__}: {str(exc)[:300]}"
+            ) from exc
 
 
 def open_store(location: str | os.PathLike[str]) -> tuple[ObjectStore, str]:
@@ -128,15 +137,16 @@ def open_store(location: str | os.PathLike[str]) -> tuple[ObjectStore, str]:
     url = normalize(location)
     parts = urlsplit(url)
     if parts.scheme not in SCHEMES or not parts.netloc:
-        raise ProviderError(f"checkpoint location {str(location)!r} is not an object storage URL",
-                            hint="use s3://bucket/prefix, gs://bucket/prefix or azure://container/prefix")
+        raise ProviderError(
+            f"checkpoint location {str(location)!r} is not an object storage URL",
+            hint="use s3://bucket/prefix, gs://bucket/prefix or azure://container/prefix",
+        )
     driver = _DRIVERS[parts.scheme]()
     return ObjectStore(parts.scheme, parts.netloc, driver), parts.path.strip("/")
 
 
 def _s3() -> Any:
     from libcloud.storage.drivers.s3 import S3StorageDriver
-
     from spotrun.providers.aws.provider import credentials
 
     key, secret, token = credentials()
@@ -145,8 +155,15 @@ def _s3() -> Any:
     if endpoint:
         parts = urlsplit(endpoint)
         secure = parts.scheme != "http"
-        return S3StorageDriver(key, secret, secure=secure, host=parts.hostname,
-                               port=parts.port or (443 if secure else 80), region=region, token=token)
+        return S3StorageDriver(
+            key,
+            secret,
+            secure=secure,
+            host=parts.hostname,
+            port=parts.port or (443 if secure else 80),
+            region=region,
+            token=token,
+        )
     return S3StorageDriver(key, secret, region=region, token=token)
 
 
@@ -155,14 +172,20 @@ def _gs() -> Any:
 
     path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
     if not path:
-        raise ProviderError("no GCP credentials for gs:// checkpoints",
-                            hint="set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON key file")
+        raise ProviderError(
+            "no GCP credentials for gs:// checkpoints",
+            hint="set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON key file",
+        )
     try:
         account = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ProviderError(f"cannot read GCP credentials {path}: {exc}") from exc
-    return GoogleStorageDriver(account.get("client_email", ""), account.get("private_key", ""),
-                               project=account.get("project_id"), auth_type="SA")
+    return GoogleStorageDriver(
+        account.get("client_email", ""),
+        account.get("private_key", ""),
+        project=account.get("project_id"),
+        auth_type="SA",
+    )
 
 
 def _azure() -> Any:
@@ -170,14 +193,17 @@ def _azure() -> Any:
 
     account, key = os.environ.get("AZURE_STORAGE_ACCOUNT"), os.environ.get("AZURE_STORAGE_KEY")
     if not account or not key:
-        raise ProviderError("no Azure storage credentials for azure:// checkpoints",
-                            hint="set AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY")
+        raise ProviderError(
+            "no Azure storage credentials for azure:// checkpoints",
+            hint="set AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY",
+        )
     endpoint = os.environ.get("SPOTRUN_AZURE_BLOB_ENDPOINT_URL")
     if endpoint:
         parts = urlsplit(endpoint)
         secure = parts.scheme != "http"
-        return AzureBlobsStorageDriver(account, key, secure=secure, host=parts.hostname,
-                                       port=parts.port or (443 if secure else 80))
+        return AzureBlobsStorageDriver(
+            account, key, secure=secure, host=parts.hostname, port=parts.port or (443 if secure else 80)
+        )
     return AzureBlobsStorageDriver(account, key)
 
 

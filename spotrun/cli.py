@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -43,9 +43,11 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="More log lines on stderr (-vv for debug).")] = 0,
+    verbose: Annotated[
+        int, typer.Option("--verbose", "-v", count=True, help="More log lines on stderr (-vv for debug).")
+    ] = 0,
     version: Annotated[
-        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+        bool | None, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = None,
 ) -> None:
     """Train ML models on spot VMs."""
@@ -72,7 +74,15 @@ def validate(
             console.err.print(problem, markup=False)
     if json_out:
         console.print_json(
-            [{"file": str(c.path), "valid": c.ok, "name": c.recipe.name if c.recipe else None, "problems": c.problems} for c in checks]
+            [
+                {
+                    "file": str(c.path),
+                    "valid": c.ok,
+                    "name": c.recipe.name if c.recipe else None,
+                    "problems": c.problems,
+                }
+                for c in checks
+            ]
         )
     else:
         for check in checks:
@@ -86,8 +96,14 @@ def validate(
 def up(
     recipe: Annotated[Path, typer.Argument(help="The recipe file, e.g. recipes/quickstart.yaml.", show_default=False)],
     train: Annotated[bool, typer.Option("--train/--no-train", help="Start the recipe's `run` on the nodes.")] = True,
-    attach: Annotated[bool, typer.Option("--attach", help="Stay and stream the cluster's events until the job "
-                                         "finishes (Ctrl-C detaches; the cluster keeps running).")] = False,
+    attach: Annotated[
+        bool,
+        typer.Option(
+            "--attach",
+            help="Stay and stream the cluster's events until the job "
+            "finishes (Ctrl-C detaches; the cluster keeps running).",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
 ) -> None:
     """Launch the recipe's cluster (or reconcile it to its target) and start every node agent.
@@ -103,31 +119,41 @@ def up(
 
     result = run_up(recipe, train=train)
     if json_out:
-        console.print_json({"cluster": result.cluster, "launched": result.launched,
-                            "bootstrapped": result.bootstrapped, "nodes": result.nodes})
+        console.print_json(
+            {
+                "cluster": result.cluster,
+                "launched": result.launched,
+                "bootstrapped": result.bootstrapped,
+                "nodes": result.nodes,
+            }
+        )
     else:
-        console.out.print(f"{result.cluster}: {len(result.nodes)} nodes up "
-                          f"({len(result.launched)} launched, {len(result.bootstrapped)} bootstrapped); "
-                          f"see `spotrun status {result.cluster}`", markup=False)
+        console.out.print(
+            f"{result.cluster}: {len(result.nodes)} nodes up "
+            f"({len(result.launched)} launched, {len(result.bootstrapped)} bootstrapped); "
+            f"see `spotrun status {result.cluster}`",
+            markup=False,
+        )
     if attach:
         from spotrun.client.connect import connect_cluster
         from spotrun.client.status import follow_events
 
         with connect_cluster(result.cluster) as store:
-            follow_events(store, result.cluster, lambda line: console.out.print(line, markup=False),
-                          until_finished=True)
+            follow_events(
+                store, result.cluster, lambda line: console.out.print(line, markup=False), until_finished=True
+            )
 
 
 @app.command()
 def status(
-    cluster: Annotated[Optional[str], typer.Argument(help="One cluster; all when omitted.", show_default=False)] = None,
+    cluster: Annotated[str | None, typer.Argument(help="One cluster; all when omitted.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print status as JSON on stdout.")] = False,
 ) -> None:
     """Clusters, nodes (provider, zone, type, state, uptime, $/h) and costs. Reads etcd only."""
     from spotrun.client import console
     from spotrun.client.connect import connect_cluster
-    from spotrun.errors import NotFoundError
     from spotrun.client.status import all_statuses, cluster_status, render
+    from spotrun.errors import NotFoundError
 
     if cluster is None:
         statuses = all_statuses()
@@ -163,8 +189,11 @@ def down(
     if json_out:
         console.print_json(asdict(result))
         return
-    console.out.print(f"{cluster}: terminated {len(result.terminated)} VMs"
-                      + ("; embedded etcd stopped" if result.etcd_stopped else ""), markup=False)
+    console.out.print(
+        f"{cluster}: terminated {len(result.terminated)} VMs"
+        + ("; embedded etcd stopped" if result.etcd_stopped else ""),
+        markup=False,
+    )
     for note in result.notes:
         console.err.print(f"note: {note}", markup=False)
 
@@ -172,7 +201,7 @@ def down(
 @app.command()
 def logs(
     cluster: Annotated[str, typer.Argument(help="The cluster.", show_default=False)],
-    node: Annotated[Optional[str], typer.Argument(help="One node; all when omitted.", show_default=False)] = None,
+    node: Annotated[str | None, typer.Argument(help="One node; all when omitted.", show_default=False)] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", help="How many past lines to show.")] = 100,
     agent: Annotated[bool, typer.Option("--agent", help="The node agent's log instead of the training log.")] = False,
@@ -181,8 +210,9 @@ def logs(
     from spotrun.client import console
     from spotrun.client.nodes import logs as run_logs
 
-    run_logs(cluster, node, follow, lambda vm, text: console.out.print(f"[{vm}] {text}", markup=False), lines,
-             agent=agent)
+    run_logs(
+        cluster, node, follow, lambda vm, text: console.out.print(f"[{vm}] {text}", markup=False), lines, agent=agent
+    )
 
 
 @app.command()
@@ -195,8 +225,8 @@ def events(
     """The cluster's history: launches, joins, notices, leaves, failures, scale, budget and down."""
     from spotrun.client import console
     from spotrun.client.connect import connect_cluster
-    from spotrun.state.records import to_dict
     from spotrun.client.status import follow_events, format_event
+    from spotrun.state.records import to_dict
 
     with connect_cluster(cluster) as store:
         if follow:
@@ -223,14 +253,17 @@ def preempt(
     from spotrun.client.nodes import preempt as run_preempt
 
     deadline = run_preempt(cluster, node, notice)
-    console.out.print(f"{node}: preemption notice armed; the VM dies in {max(0.0, deadline - _time.time()):.0f} s",
-                      markup=False)
+    console.out.print(
+        f"{node}: preemption notice armed; the VM dies in {max(0.0, deadline - _time.time()):.0f} s", markup=False
+    )
 
 
 @app.command()
 def prices(
-    provider: Annotated[Optional[str], typer.Option("--provider", help="Only this provider (local, aws, ...).")] = None,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="Only offers whose GPU name contains this, e.g. a100.")] = None,
+    provider: Annotated[str | None, typer.Option("--provider", help="Only this provider (local, aws, ...).")] = None,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="Only offers whose GPU name contains this, e.g. a100.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print offers as JSON on stdout.")] = False,
 ) -> None:
     """Candidate offers sorted by $/hour (and $/GPU-hour), spot against on-demand, from every provider.
@@ -252,8 +285,9 @@ def prices(
 @app.command()
 def scale(
     cluster: Annotated[str, typer.Argument(help="The cluster.", show_default=False)],
-    nodes: Annotated[int, typer.Argument(help="The new target node count (within the recipe's min..max).",
-                                         show_default=False)],
+    nodes: Annotated[
+        int, typer.Argument(help="The new target node count (within the recipe's min..max).", show_default=False)
+    ],
 ) -> None:
     """Set the cluster's target size; the controller launches or drains nodes (most expensive first)."""
     from spotrun.client import console
@@ -268,8 +302,9 @@ def scale(
 
 @app.command()
 def tui(
-    cluster: Annotated[Optional[str], typer.Argument(help="The cluster to watch; a picker when omitted.",
-                                                     show_default=False)] = None,
+    cluster: Annotated[
+        str | None, typer.Argument(help="The cluster to watch; a picker when omitted.", show_default=False)
+    ] = None,
 ) -> None:
     """Watch and steer a cluster live: workers, training, costs, checkpoints, events (q quits, ? helps)."""
     from spotrun.tui.app import run
@@ -280,15 +315,31 @@ def tui(
 @app.command()
 def simulate(
     recipe: Annotated[Path, typer.Argument(help="The recipe to plan.", show_default=False)],
-    trace: Annotated[list[str], typer.Option("--trace", help="A trace file (spot-traces JSON) or a generator such as "
-                                             "poisson:nodes=4,hours=48,rate=0.2,seed=1; repeat for several zones.",
-                                             show_default=False)],
-    policy: Annotated[Optional[list[str]], typer.Option("--policy", help="spotrun, relaunch-all, checkpoint-restart, "
-                                                        "on-demand (default: all).")] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Steps to train (default: --steps in the recipe's run).")] = None,
-    figures: Annotated[Optional[Path], typer.Option("--figures", help="Bench figures JSON (default: $SPOTRUN_HOME/bench-figures.json).")] = None,
-    notice_s: Annotated[Optional[float], typer.Option("--notice-s", help="Notice lead time for every provider, seconds.")] = None,
-    chart: Annotated[Optional[Path], typer.Option("--chart", help="Also write a chart (.svg) of capacity, world size and progress.")] = None,
+    trace: Annotated[
+        list[str],
+        typer.Option(
+            "--trace",
+            help="A trace file (spot-traces JSON) or a generator such as "
+            "poisson:nodes=4,hours=48,rate=0.2,seed=1; repeat for several zones.",
+            show_default=False,
+        ),
+    ],
+    policy: Annotated[
+        list[str] | None,
+        typer.Option("--policy", help="spotrun, relaunch-all, checkpoint-restart, on-demand (default: all)."),
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", help="Steps to train (default: --steps in the recipe's run).")
+    ] = None,
+    figures: Annotated[
+        Path | None, typer.Option("--figures", help="Bench figures JSON (default: $SPOTRUN_HOME/bench-figures.json).")
+    ] = None,
+    notice_s: Annotated[
+        float | None, typer.Option("--notice-s", help="Notice lead time for every provider, seconds.")
+    ] = None,
+    chart: Annotated[
+        Path | None, typer.Option("--chart", help="Also write a chart (.svg) of capacity, world size and progress.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON on stdout.")] = False,
 ) -> None:
     """Before spending a cent: replay spot traces through the controller's own planner and compare
@@ -297,8 +348,14 @@ def simulate(
     from spotrun.simulate.engine import POLICIES, render_table, run_simulation, terminal_chart, to_json, write_chart
     from spotrun.simulate.traces import parse_trace_spec
 
-    result = run_simulation(recipe, [parse_trace_spec(spec) for spec in trace], tuple(policy or POLICIES),
-                            steps=steps, figures_file=figures, notice_s=notice_s)
+    result = run_simulation(
+        recipe,
+        [parse_trace_spec(spec) for spec in trace],
+        tuple(policy or POLICIES),
+        steps=steps,
+        figures_file=figures,
+        notice_s=notice_s,
+    )
     if json_out:
         sys.stdout.write(to_json(result) + "\n")
     else:
@@ -330,7 +387,10 @@ def etcd_status(
     if json_out:
         console.print_json(info.to_dict() if info else {"running": False})
     elif info:
-        console.out.print(f"running  endpoint={info.endpoint} pid={info.pid} version={info.version} data={info.data_dir}", markup=False)
+        console.out.print(
+            f"running  endpoint={info.endpoint} pid={info.pid} version={info.version} data={info.data_dir}",
+            markup=False,
+        )
     else:
         console.out.print("stopped")
     if not info:

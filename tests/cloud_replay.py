@@ -84,8 +84,13 @@ def replay_server() -> Iterator[ReplayServer]:
             parts = urlsplit(self.path)
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
-            request = Request(self.command, parts.path, {k: v[0] for k, v in parse_qs(parts.query).items()},
-                              {k.lower(): v for k, v in self.headers.items()}, raw)
+            request = Request(
+                self.command,
+                parts.path,
+                {k: v[0] for k, v in parse_qs(parts.query).items()},
+                {k.lower(): v for k, v in self.headers.items()},
+                raw,
+            )
             status, body = state._answer(request)
             payload = b"" if body is None else json.dumps(body).encode()
             self.send_response(status)
@@ -101,8 +106,9 @@ def replay_server() -> Iterator[ReplayServer]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="replay-server",
-                              daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="replay-server", daemon=True
+    )
     thread.start()
     state.url = f"http://127.0.0.1:{server.server_address[1]}"
     try:

@@ -37,9 +37,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from spotrun.providers.local.metadata import arm_notice, read_json, write_json_atomic
 from spotrun.providers.local.provider import PROFILE, init_command, sshd_version_options, vm_path
 from spotrun.providers.local.vm import VmFiles
-from spotrun.providers.local.metadata import arm_notice, read_json, write_json_atomic
 
 HOST_IP = "100.64.0.1"
 METADATA_IP = "169.254.169.254"
@@ -64,8 +64,9 @@ class _Vm:
 class Ec2Vms:
     """See the module docstring. Use as a context manager; `start()` begins realizing instances."""
 
-    def __init__(self, backend, root: Path, clusters: set[str], *, login_user: str = "root",
-                 poll_s: float = 0.1) -> None:
+    def __init__(
+        self, backend, root: Path, clusters: set[str], *, login_user: str = "root", poll_s: float = 0.1
+    ) -> None:
         """Realizes the instances tagged with one of `clusters` (moto's backend is per process,
         shared with other tests)."""
         self.backend, self.root, self.clusters = backend, root, clusters
@@ -82,7 +83,7 @@ class Ec2Vms:
         self.errors: list[str] = []
 
     # -- network --------------------------------------------------------------------------------
-    def __enter__(self) -> "Ec2Vms":
+    def __enter__(self) -> Ec2Vms:
         _ip("netns", "add", self.bridge_ns)
         _ip("link", "set", "lo", "up", ns=self.bridge_ns)
         _ip("link", "add", "br0", "type", "bridge", ns=self.bridge_ns)
@@ -173,17 +174,36 @@ class Ec2Vms:
         files.authorized_keys.write_text("\n".join(user["ssh_authorized_keys"]) + "\n")
         files.profile.write_text(PROFILE.format(path=vm_path()))
         sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-        write_json_atomic(files.config, {
-            "id": inst.id, "cluster": "", "notice_protocol": "aws", "zone": inst._placement.zone,
-            "instance_type": inst.instance_type, "login_user": self.login_user, "sshd": sshd,
-            "sshd_extra": sshd_version_options(sshd), "path": vm_path(), "ready_timeout": 20.0,
-            "listen_address": "0.0.0.0", "ssh_port": 22, "metadata_host": METADATA_IP, "metadata_port": 80,
-        })
+        write_json_atomic(
+            files.config,
+            {
+                "id": inst.id,
+                "cluster": "",
+                "notice_protocol": "aws",
+                "zone": inst._placement.zone,
+                "instance_type": inst.instance_type,
+                "login_user": self.login_user,
+                "sshd": sshd,
+                "sshd_extra": sshd_version_options(sshd),
+                "path": vm_path(),
+                "ready_timeout": 20.0,
+                "listen_address": "0.0.0.0",
+                "ssh_port": 22,
+                "metadata_host": METADATA_IP,
+                "metadata_port": 80,
+            },
+        )
         ips = [ip for ip in (inst.private_ip, inst.public_ip) if ip]
         ns = self._attach(ips)
         with open(files.log, "ab") as out:
-            proc = subprocess.Popen(["ip", "netns", "exec", ns, *init_command(root)], stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", ns, *init_command(root)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd="/",
+            )
         return _Vm(inst.id, ns, root, ips, proc)
 
     def _kill(self, vm: _Vm) -> None:
@@ -207,8 +227,9 @@ class Ec2Vms:
         from moto.ec2.models.instances import StateReason
 
         inst._state.name, inst._state.code = "terminated", 48
-        inst.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination",
-                                        "Server.SpotInstanceTermination")
+        inst.state_reason = StateReason(
+            "Server.SpotInstanceTermination: Spot instance termination", "Server.SpotInstanceTermination"
+        )
 
     # -- what tests do ----------------------------------------------------------------------------
     def interrupt(self, instance_id: str, notice_s: float) -> None:

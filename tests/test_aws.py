@@ -18,10 +18,11 @@ import pytest
 pytest.importorskip("moto.server")
 pytest.importorskip("libcloud")
 
-from spotrun.errors import CapacityError, ProviderError  # noqa: E402
-from spotrun.providers import InstanceState, LaunchSpec, get_provider, supports  # noqa: E402
-from spotrun.providers.aws.provider import AwsProvider  # noqa: E402
-from spotrun.providers.aws.driver import SpotrunEC2Driver  # noqa: E402
+from spotrun.providers import InstanceState, LaunchSpec, get_provider, supports
+from spotrun.providers.aws.driver import SpotrunEC2Driver
+from spotrun.providers.aws.provider import AwsProvider
+
+from spotrun.errors import CapacityError, ProviderError
 
 ACCOUNT = "123456789012"  # moto's default account
 REGION = "us-east-1"
@@ -31,8 +32,15 @@ PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0eHhYV3Nm1v0dYh3sCq0nB0u2mM
 @pytest.fixture(autouse=True)
 def aws_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fake credentials and a private $SPOTRUN_HOME (price cache, region bookkeeping)."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "SPOTRUN_AWS_REGIONS",
-                 "SPOTRUN_AWS_ENDPOINT_URL", "SPOTRUN_AWS_IMAGE"):
+    for name in (
+        "AWS_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "SPOTRUN_AWS_REGIONS",
+        "SPOTRUN_AWS_ENDPOINT_URL",
+        "SPOTRUN_AWS_IMAGE",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -67,8 +75,14 @@ def _offer(provider: AwsProvider, instance_type: str = "p4d.24xlarge", zone: str
 
 
 def _spec(provider: AwsProvider, cluster: str, count: int, key: str = "k1", **kw) -> LaunchSpec:
-    return LaunchSpec(cluster=cluster, offer=_offer(provider, **kw), count=count, ssh_public_key=PUBLIC_KEY,
-                      idempotency_key=key, labels={"role": "worker"})
+    return LaunchSpec(
+        cluster=cluster,
+        offer=_offer(provider, **kw),
+        count=count,
+        ssh_public_key=PUBLIC_KEY,
+        idempotency_key=key,
+        labels={"role": "worker"},
+    )
 
 
 def test_registered_and_cheap_to_build() -> None:
@@ -90,8 +104,10 @@ def test_credentials_file_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     path = tmp_path / "credentials"
-    path.write_text("[default]\naws_access_key_id = A\naws_secret_access_key = B\n"
-                    "[work]\naws_access_key_id = C\naws_secret_access_key = D\naws_session_token = T\n")
+    path.write_text(
+        "[default]\naws_access_key_id = A\naws_secret_access_key = B\n"
+        "[work]\naws_access_key_id = C\naws_secret_access_key = D\naws_session_token = T\n"
+    )
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(path))
     assert credentials() == ("A", "B", None)
     monkeypatch.setenv("AWS_PROFILE", "work")
@@ -104,7 +120,7 @@ def test_offers_have_live_spot_prices_and_age(provider: AwsProvider) -> None:
     assert {o.zone for o in p4d} >= {"us-east-1a", "us-east-1b"}
     offer = p4d[0]
     assert offer.gpus == 8 and offer.gpu_name == "A100" and offer.cpus == 96
-    assert offer.spot_price > 0 and offer.on_demand_price > 30          # libcloud's on-demand table
+    assert offer.spot_price > 0 and offer.on_demand_price > 30  # libcloud's on-demand table
     assert any(o.instance_type == "p4d.24xlarge" and not o.spot for o in offers)
     age = provider.price_age(offer)
     assert age is not None and 0 <= age < 60
@@ -200,9 +216,10 @@ def test_spot_interruption_is_preempted(provider: AwsProvider, ec2, name: str) -
 
     ids = provider.launch(_spec(provider, name, 2, zone="us-east-1b"))
     victim = ec2.get_instance(ids[0])
-    victim._state.name, victim._state.code = "terminated", 48    # what EC2 does after the 2-minute notice
-    victim.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination",
-                                      "Server.SpotInstanceTermination")
+    victim._state.name, victim._state.code = "terminated", 48  # what EC2 does after the 2-minute notice
+    victim.state_reason = StateReason(
+        "Server.SpotInstanceTermination: Spot instance termination", "Server.SpotInstanceTermination"
+    )
     states = {i.id: i for i in provider.instances(name)}
     assert states[ids[0]].state is InstanceState.PREEMPTED and states[ids[0]].state.is_gone
     assert states[ids[0]].reason == "Server.SpotInstanceTermination: Spot instance termination"
@@ -212,26 +229,29 @@ def test_spot_interruption_is_preempted(provider: AwsProvider, ec2, name: str) -
 def test_terminate_and_cleanup_leave_nothing(provider: AwsProvider, ec2, name: str) -> None:
     ids = provider.launch(_spec(provider, name, 3))
     provider.terminate(ids[:1])
-    provider.terminate(ids[:1] + ["i-0123456789abcdef0"])                 # idempotent, unknown ignored
+    provider.terminate(ids[:1] + ["i-0123456789abcdef0"])  # idempotent, unknown ignored
     states = {i.id: i.state for i in provider.instances(name)}
     assert states[ids[0]] is InstanceState.TERMINATED and states[ids[1]] is InstanceState.RUNNING
 
     provider.cleanup(name)
-    provider.cleanup(name)                                                 # idempotent
+    provider.cleanup(name)  # idempotent
     assert all(i.state.is_gone for i in provider.instances(name))
     driver = SpotrunEC2Driver("testing", "testing", region=REGION, endpoint_url=provider.endpoint_url)
     assert _key_pairs(driver, name) == [] and _groups(driver, name) == []
 
 
-def test_capacity_error_maps_to_capacity_error(provider: AwsProvider, name: str,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_capacity_error_maps_to_capacity_error(
+    provider: AwsProvider, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from moto.ec2.exceptions import EC2ClientError
     from moto.ec2.models import EC2Backend
 
     def no_capacity(self, *args, **kwargs):
-        raise EC2ClientError("InsufficientInstanceCapacity",
-                             "We currently do not have sufficient p4d.24xlarge capacity in the Availability Zone "
-                             "you requested (us-east-1a).")
+        raise EC2ClientError(
+            "InsufficientInstanceCapacity",
+            "We currently do not have sufficient p4d.24xlarge capacity in the Availability Zone "
+            "you requested (us-east-1a).",
+        )
 
     spec = _spec(provider, name, 2)
     monkeypatch.setattr(EC2Backend, "run_instances", no_capacity)

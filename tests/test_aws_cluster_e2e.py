@@ -24,8 +24,10 @@ import pytest
 pytest.importorskip("moto.server")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("sshd"),
-                       reason="needs root, iproute2 and sshd (network namespaces, sshd VMs)"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("sshd"),
+        reason="needs root, iproute2 and sshd (network namespaces, sshd VMs)",
+    ),
 ]
 
 from ec2_vms import HOST_IP, Ec2Vms  # noqa: E402
@@ -57,9 +59,15 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         server = ThreadedMotoServer(ip_address=HOST_IP, port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()
-        env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "SPOTRUN_AWS_REGIONS": REGION,
-               "SPOTRUN_AWS_ENDPOINT_URL": f"http://{host}:{port}", "SPOTRUN_AWS_SSH_USER": "root",
-               "SPOTRUN_AWS_IMAGE": next(iter(backend.amis)), "SPOTRUN_HOME": str(tmp_path / "home")}
+        env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "SPOTRUN_AWS_REGIONS": REGION,
+            "SPOTRUN_AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "SPOTRUN_AWS_SSH_USER": "root",
+            "SPOTRUN_AWS_IMAGE": next(iter(backend.amis)),
+            "SPOTRUN_HOME": str(tmp_path / "home"),
+        }
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION"):
@@ -68,8 +76,8 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         try:
             yield name, vms, backend, tmp_path
         finally:
-            from spotrun.state import clusterfile
             from spotrun.client.down import down
+            from spotrun.state import clusterfile
 
             if name in clusterfile.names():
                 down(name)
@@ -77,8 +85,13 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "spotrun", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "NO_COLOR": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "spotrun", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
 
 
 def _tags(backend, instance_id: str) -> dict[str, str]:
@@ -86,8 +99,11 @@ def _tags(backend, instance_id: str) -> dict[str, str]:
 
 
 def _cluster_instances(backend, name: str, *, running: bool = True) -> list:
-    return [i for i in backend.all_instances() if _tags(backend, i.id).get("spotrun-cluster") == name
-            and (not running or i._state.name == "running")]
+    return [
+        i
+        for i in backend.all_instances()
+        if _tags(backend, i.id).get("spotrun-cluster") == name and (not running or i._state.name == "running")
+    ]
 
 
 def _wait(check, timeout: float, what: str, vms: Ec2Vms) -> None:
@@ -99,8 +115,8 @@ def _wait(check, timeout: float, what: str, vms: Ec2Vms) -> None:
 
 def _up(cloud, spares: int):
     """`up` (no training) of the fixture's cluster with a one-line train.py; its UpResult."""
-    from spotrun.controller.bootstrap import QuietReporter
     from spotrun.client.up import up
+    from spotrun.controller.bootstrap import QuietReporter
 
     name, _, _, tmp_path = cloud
     (tmp_path / "work").mkdir()
@@ -111,10 +127,9 @@ def _up(cloud, spares: int):
 
 
 def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves_nothing(cloud) -> None:
-    from spotrun.state import clusterfile
-    from spotrun.controller import daemon as controller
-    from spotrun.state import etcd_server
     from spotrun.client.connect import connect_cluster
+    from spotrun.controller import daemon as controller
+    from spotrun.state import clusterfile, etcd_server
 
     name, vms, backend, tmp_path = cloud
     result = _up(cloud, spares=0)
@@ -143,8 +158,12 @@ def test_up_on_aws_with_a_head_vm_replaces_an_interrupted_worker_and_down_leaves
     victim = result.nodes[0]
     vms.interrupt(victim, 4.0)
     with connect_cluster(name) as store:
-        _wait(lambda: victim not in store.list_alive(name) and len(store.list_alive(name)) == 2, 90,
-              "a replacement alive", vms)
+        _wait(
+            lambda: victim not in store.list_alive(name) and len(store.list_alive(name)) == 2,
+            90,
+            "a replacement alive",
+            vms,
+        )
         kinds = [e.kind for e in store.list_events(name)]
         alive = store.list_alive(name)
     assert "notice" in kinds and "launch" in kinds
@@ -172,8 +191,12 @@ def test_a_warm_spare_on_aws_takes_an_interrupted_workers_place(cloud) -> None:
 
     # The head's controller launches the spare; it is a spot VM marked standby, with a live agent.
     with connect_cluster(name) as store:
-        _wait(lambda: len(store.list_standby(name)) == 1 and store.list_standby(name) <= store.list_alive(name),
-              90, "a warm spare with a live agent", vms)
+        _wait(
+            lambda: len(store.list_standby(name)) == 1 and store.list_standby(name) <= store.list_alive(name),
+            90,
+            "a warm spare with a live agent",
+            vms,
+        )
         spare = next(iter(store.list_standby(name)))
     assert spare not in result.nodes and backend.get_instance(spare).lifecycle == "spot"
     status = _cli("status", name, "--json")
@@ -185,11 +208,22 @@ def test_a_warm_spare_on_aws_takes_an_interrupted_workers_place(cloud) -> None:
     victim = result.nodes[0]
     vms.interrupt(victim, 4.0)
     with connect_cluster(name) as store:
-        _wait(lambda: any(e.kind == "activate" and e.node == spare for e in store.list_events(name)), 60,
-              "the spare activated", vms)
+        _wait(
+            lambda: any(e.kind == "activate" and e.node == spare for e in store.list_events(name)),
+            60,
+            "the spare activated",
+            vms,
+        )
         assert spare not in store.list_standby(name)
-        _wait(lambda: backend.get_instance(victim)._state.name == "terminated"
-              and len(store.list_standby(name) & store.list_alive(name)) == 1, 90, "a new warm spare", vms)
+        _wait(
+            lambda: (
+                backend.get_instance(victim)._state.name == "terminated"
+                and len(store.list_standby(name) & store.list_alive(name)) == 1
+            ),
+            90,
+            "a new warm spare",
+            vms,
+        )
         new_spare = next(iter(store.list_standby(name)))
         activate = next(e for e in store.list_events(name) if e.kind == "activate")
     assert new_spare not in (spare, victim) and f"replace noticed {victim}" in activate.message

@@ -7,13 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
-
 from spotrun.providers import InstanceState, LaunchSpec, Offer
 from spotrun.providers.azure.api import parse_vm, retail_prices, retail_prices_query, vm_body
 
 DATA = Path(__file__).parent / "data" / "azure"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0eHhYV3Nm1v0dYh3sCq0nB0u2mM8gqf0XoYlL3b1F me@laptop"
-IMAGE = {"publisher": "Canonical", "offer": "0001-com-ubuntu-server-jammy", "sku": "22_04-lts-gen2", "version": "latest"}
+IMAGE = {
+    "publisher": "Canonical",
+    "offer": "0001-com-ubuntu-server-jammy",
+    "sku": "22_04-lts-gen2",
+    "version": "latest",
+}
 NIC = "/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Network/networkInterfaces/azure-v100-1-nic"
 
 
@@ -27,26 +31,44 @@ def _load(name: str) -> dict:
 
 
 def test_spot_vm_body() -> None:
-    body = vm_body(_spec(), index=1, image=IMAGE, nic_id=NIC, user_data="#cloud-config\n{}\n",
-                   host_public_key="ssh-ed25519 AAAAhost", ssh_user="azureuser", max_price=1.2)
+    body = vm_body(
+        _spec(),
+        index=1,
+        image=IMAGE,
+        nic_id=NIC,
+        user_data="#cloud-config\n{}\n",
+        host_public_key="ssh-ed25519 AAAAhost",
+        ssh_user="azureuser",
+        max_price=1.2,
+    )
     props = body["properties"]
     assert props["priority"] == "Spot" and props["evictionPolicy"] == "Delete"
     assert props["billingProfile"] == {"maxPrice": 1.2}
     custom = props["osProfile"]["customData"]
     assert isinstance(custom, str) and base64.b64decode(custom).decode() == "#cloud-config\n{}\n"
     assert props["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"] == [
-        {"path": "/home/azureuser/.ssh/authorized_keys", "keyData": KEY}]
+        {"path": "/home/azureuser/.ssh/authorized_keys", "keyData": KEY}
+    ]
     assert props["hardwareProfile"] == {"vmSize": "Standard_NC6s_v3"}
     assert props["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
     assert props["networkProfile"]["networkInterfaces"][0]["id"] == NIC
     assert body["location"] == "eastus" and "zones" not in body
-    assert body["tags"]["spotrun-cluster"] == "azure-v100" and body["tags"]["spotrun-host-key"] == "ssh-ed25519 AAAAhost"
+    assert (
+        body["tags"]["spotrun-cluster"] == "azure-v100" and body["tags"]["spotrun-host-key"] == "ssh-ed25519 AAAAhost"
+    )
     json.dumps(body)
 
 
 def test_regular_vm_body_and_zone() -> None:
-    body = vm_body(_spec(spot=False, zone="eastus-2"), index=0, image=IMAGE, nic_id=NIC, user_data="",
-                   host_public_key="", ssh_user="u")
+    body = vm_body(
+        _spec(spot=False, zone="eastus-2"),
+        index=0,
+        image=IMAGE,
+        nic_id=NIC,
+        user_data="",
+        host_public_key="",
+        ssh_user="u",
+    )
     assert not {"priority", "evictionPolicy", "billingProfile"} & set(body["properties"])
     assert body["zones"] == ["2"]
 
@@ -65,5 +87,7 @@ def test_retail_prices() -> None:
     prices = retail_prices(_load("retail_prices.json"))
     assert prices == {("eastus", "Standard_NC6s_v3"): {"spot": 0.3672, "on_demand": 3.06}}
     query = retail_prices_query("eastus", ["Standard_NC6s_v3", "Standard_NC12s_v3"])
-    assert query["$filter"] == ("serviceName eq 'Virtual Machines' and armRegionName eq 'eastus' and "
-                                "(armSkuName eq 'Standard_NC6s_v3' or armSkuName eq 'Standard_NC12s_v3')")
+    assert query["$filter"] == (
+        "serviceName eq 'Virtual Machines' and armRegionName eq 'eastus' and "
+        "(armSkuName eq 'Standard_NC6s_v3' or armSkuName eq 'Standard_NC12s_v3')"
+    )

@@ -22,10 +22,11 @@ import pytest
 
 pytest.importorskip("libcloud")
 
-from cloud_replay import ReplayServer, Request, replay_server  # noqa: E402
-from spotrun.errors import CapacityError, ProviderError  # noqa: E402
-from spotrun.providers import InstanceState, LaunchSpec, Offer, get_provider, supports  # noqa: E402
-from spotrun.providers.azure.provider import AzureProvider, resource_group, vm_name  # noqa: E402
+from cloud_replay import ReplayServer, Request, replay_server
+from spotrun.providers import InstanceState, LaunchSpec, Offer, get_provider, supports
+from spotrun.providers.azure.provider import AzureProvider, resource_group, vm_name
+
+from spotrun.errors import CapacityError, ProviderError
 
 DATA = Path(__file__).parent / "data" / "azure"
 SUB = "00000000-0000-0000-0000-000000000000"
@@ -48,10 +49,10 @@ class FakeArm:
     def __init__(self, server: ReplayServer) -> None:
         self.server = server
         self.resources: dict[str, dict[str, Any]] = {}
-        self.views: dict[str, dict[str, Any]] = {}       # vm id -> instance view
+        self.views: dict[str, dict[str, Any]] = {}  # vm id -> instance view
         self.reads: dict[str, int] = {}
-        self.vm_error: tuple[int, Any] | None = None      # answer to the next VM PUTs
-        self.fail_provisioning: str | None = None         # async failure code for new VMs
+        self.vm_error: tuple[int, Any] | None = None  # answer to the next VM PUTs
+        self.fail_provisioning: str | None = None  # async failure code for new VMs
         self.vm_template = _load("vm_evicted.json")
         self.running_view = _load("vm_running_instance_view.json")
         self.evicted_view = _load("vm_evicted_instance_view.json")
@@ -64,10 +65,17 @@ class FakeArm:
         form = req.form
         assert form["grant_type"] == "client_credentials" and form["resource"] == "https://management.core.windows.net/"
         if form["client_id"] != CLIENT or form["client_secret"] != SECRET:
-            return 401, {"error": "invalid_client", "error_description":
-                         "AADSTS7000215: Invalid client secret provided.\r\nTrace ID: 1"}
-        return 200, {"token_type": "Bearer", "expires_in": "3599", "expires_on": str(int(time.time()) + 3599),
-                     "resource": form["resource"], "access_token": TOKEN}
+            return 401, {
+                "error": "invalid_client",
+                "error_description": "AADSTS7000215: Invalid client secret provided.\r\nTrace ID: 1",
+            }
+        return 200, {
+            "token_type": "Bearer",
+            "expires_in": "3599",
+            "expires_on": str(int(time.time()) + 3599),
+            "resource": form["resource"],
+            "access_token": TOKEN,
+        }
 
     def prices(self, req: Request) -> tuple[int, Any]:
         assert "armRegionName eq 'eastus'" in req.query["$filter"]
@@ -91,18 +99,26 @@ class FakeArm:
             if vm_id not in self.resources:
                 return _arm_error(404, "ResourceNotFound", "not found")
             self.reads[vm_id] = self.reads.get(vm_id, 0) + 1
-            if self.reads[vm_id] >= 2 and self.views[vm_id] is not self.evicted_view and "failed" not in json.dumps(self.views[vm_id]):
-                self.views[vm_id] = self.running_view                 # boots after one poll
+            if (
+                self.reads[vm_id] >= 2
+                and self.views[vm_id] is not self.evicted_view
+                and "failed" not in json.dumps(self.views[vm_id])
+            ):
+                self.views[vm_id] = self.running_view  # boots after one poll
             return 200, self.views[vm_id]
         if path in self.resources:
             return 200, self.resources[path]
         parts = path.split("/")
-        if len(parts) == 8 and parts[-2].startswith("microsoft."):   # a list of one type in a group
+        if len(parts) == 8 and parts[-2].startswith("microsoft."):  # a list of one type in a group
             if not self._group_exists(path):
                 return _arm_error(404, "ResourceGroupNotFound", "Resource group could not be found.")
             prefix = path + "/"
-            return 200, {"value": [r for k, r in self.resources.items() if k.startswith(prefix) and k.count("/") == path.count("/") + 1]}
-        if len(parts) == 6 and parts[-1] == "virtualmachines":       # every VM of the subscription
+            return 200, {
+                "value": [
+                    r for k, r in self.resources.items() if k.startswith(prefix) and k.count("/") == path.count("/") + 1
+                ]
+            }
+        if len(parts) == 6 and parts[-1] == "virtualmachines":  # every VM of the subscription
             return 200, {"value": [r for k, r in self.resources.items() if "/microsoft.compute/virtualmachines/" in k]}
         return _arm_error(404, "ResourceNotFound", f"The Resource '{req.path}' was not found.")
 
@@ -113,25 +129,45 @@ class FakeArm:
         if "/resourcegroups/" in path and path.count("/") > 4 and not self._group_exists(path):
             return _arm_error(404, "ResourceGroupNotFound", "Resource group could not be found.")
         name = req.path.rsplit("/", 1)[-1]
-        resource = {**copy.deepcopy(body), "id": req.path, "name": name,
-                    "properties": {**body.get("properties", {}), "provisioningState": "Succeeded"}}
+        resource = {
+            **copy.deepcopy(body),
+            "id": req.path,
+            "name": name,
+            "properties": {**body.get("properties", {}), "provisioningState": "Succeeded"},
+        }
         if "/publicipaddresses/" in path:
             resource["properties"]["ipAddress"] = f"20.1.2.{len(self.resources)}"
         if "/networkinterfaces/" in path:
-            resource["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] = f"10.42.0.{len(self.resources)}"
+            resource["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] = (
+                f"10.42.0.{len(self.resources)}"
+            )
         if "/virtualmachines/" in path:
             if self.vm_error:
                 return self.vm_error
             if path in self.resources:
                 return _arm_error(409, "PropertyChangeNotAllowed", "Changing property 'customData' is not allowed.")
-            resource = {**copy.deepcopy(self.vm_template), **resource,
-                        "properties": {**resource["properties"], "vmId": f"vm-{len(self.resources)}",
-                                       "provisioningState": "Creating", "timeCreated": "2024-05-01T17:00:00.1234567+00:00"}}
+            resource = {
+                **copy.deepcopy(self.vm_template),
+                **resource,
+                "properties": {
+                    **resource["properties"],
+                    "vmId": f"vm-{len(self.resources)}",
+                    "provisioningState": "Creating",
+                    "timeCreated": "2024-05-01T17:00:00.1234567+00:00",
+                },
+            }
             self.views[path] = {"statuses": [{"code": "ProvisioningState/creating", "level": "Info"}]}
             if self.fail_provisioning:
-                self.views[path] = {"statuses": [{"code": f"ProvisioningState/failed/{self.fail_provisioning}",
-                                                  "level": "Error", "message": "Allocation failed. We do not have "
-                                                  "sufficient capacity for the requested VM size in this region."}]}
+                self.views[path] = {
+                    "statuses": [
+                        {
+                            "code": f"ProvisioningState/failed/{self.fail_provisioning}",
+                            "level": "Error",
+                            "message": "Allocation failed. We do not have "
+                            "sufficient capacity for the requested VM size in this region.",
+                        }
+                    ]
+                }
         self.resources[path] = resource
         return 201, resource
 
@@ -142,10 +178,12 @@ class FakeArm:
         if path not in self.resources:
             return 204, None
         doomed = [path]
-        if "/virtualmachines/" in path:                 # deleteOption: Delete on NIC, IP and disk
-            doomed += [path.replace("microsoft.compute/virtualmachines", "microsoft.network/networkinterfaces") + "-nic",
-                       path.replace("microsoft.compute/virtualmachines", "microsoft.network/publicipaddresses") + "-ip"]
-        else:                                           # a resource group: everything in it
+        if "/virtualmachines/" in path:  # deleteOption: Delete on NIC, IP and disk
+            doomed += [
+                path.replace("microsoft.compute/virtualmachines", "microsoft.network/networkinterfaces") + "-nic",
+                path.replace("microsoft.compute/virtualmachines", "microsoft.network/publicipaddresses") + "-ip",
+            ]
+        else:  # a resource group: everything in it
             doomed += [k for k in self.resources if k.startswith(path + "/")]
         for key in doomed:
             self.resources.pop(key, None)
@@ -160,8 +198,13 @@ class FakeArm:
 
 @pytest.fixture
 def arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeArm]:
-    for name, value in (("AZURE_TENANT_ID", TENANT), ("AZURE_CLIENT_ID", CLIENT), ("AZURE_CLIENT_SECRET", SECRET),
-                        ("AZURE_SUBSCRIPTION_ID", SUB), ("SPOTRUN_HOME", str(tmp_path / "home"))):
+    for name, value in (
+        ("AZURE_TENANT_ID", TENANT),
+        ("AZURE_CLIENT_ID", CLIENT),
+        ("AZURE_CLIENT_SECRET", SECRET),
+        ("AZURE_SUBSCRIPTION_ID", SUB),
+        ("SPOTRUN_HOME", str(tmp_path / "home")),
+    ):
         monkeypatch.setenv(name, value)
     for name in ("SPOTRUN_AZURE_REGIONS", "SPOTRUN_AZURE_LOGIN_URL", "SPOTRUN_AZURE_PRICES_URL"):
         monkeypatch.delenv(name, raising=False)
@@ -178,8 +221,9 @@ def provider(arm: FakeArm) -> AzureProvider:
 
 def _spec(cluster: str = "azure-v100", count: int = 2, key: str = "up-1", spot: bool = True) -> LaunchSpec:
     offer = Offer("azure", "eastus", "eastus", "Standard_NC6s_v3", 6, 1, "V100", 0.3672, 3.06, spot=spot)
-    return LaunchSpec(cluster=cluster, offer=offer, count=count, ssh_public_key=KEY, idempotency_key=key,
-                      labels={"role": "worker"})
+    return LaunchSpec(
+        cluster=cluster, offer=offer, count=count, ssh_public_key=KEY, idempotency_key=key, labels={"role": "worker"}
+    )
 
 
 def _vm_puts(arm: FakeArm) -> list[Request]:
@@ -191,9 +235,10 @@ def test_registered_and_offers_from_retail_prices(provider: AzureProvider, arm: 
     offers = provider.offers()
     spot = [o for o in offers if o.spot]
     assert [(o.instance_type, o.spot_price, o.on_demand_price, o.gpus, o.gpu_name) for o in spot] == [
-        ("Standard_NC6s_v3", 0.3672, 3.06, 1, "V100")]
+        ("Standard_NC6s_v3", 0.3672, 3.06, 1, "V100")
+    ]
     assert any(not o.spot for o in offers) and 0 <= provider.price_age(spot[0]) < 60
-    provider.offers()                                    # cached: no second price request
+    provider.offers()  # cached: no second price request
     assert len(arm.server.sent("GET", "/api/retail/prices")) == 1
     assert not [r for r in arm.server.requests if r.path.startswith("/subscriptions")], "prices need no login"
 
@@ -220,20 +265,29 @@ def test_launch_spot_vms_with_tags_network_and_idempotency(provider: AzureProvid
     ids = provider.launch(spec)
     assert ids == [vm_name("azure-v100", "up-1", i) for i in range(2)]
     assert arm.server.unmatched == []
-    assert 1 <= len(arm.server.sent("POST", rf"/{TENANT}/oauth2/token")) <= 3   # one login per thread's driver
-    assert all(r.headers.get("authorization") == f"Bearer {TOKEN}" for r in arm.server.requests
-               if r.path.startswith("/subscriptions"))
+    assert 1 <= len(arm.server.sent("POST", rf"/{TENANT}/oauth2/token")) <= 3  # one login per thread's driver
+    assert all(
+        r.headers.get("authorization") == f"Bearer {TOKEN}"
+        for r in arm.server.requests
+        if r.path.startswith("/subscriptions")
+    )
 
     group = arm.server.sent("PUT", rf"/subscriptions/{SUB}/resourcegroups/{resource_group('azure-v100')}")[0]
     assert group.json == {"location": "eastus", "tags": {"spotrun": "1", "spotrun-cluster": "azure-v100"}}
     assert group.query["api-version"] == "2021-04-01"
     nsg = arm.server.sent("PUT", r".*/networkSecurityGroups/spotrun-eastus-nsg")[0].json
     rule = nsg["properties"]["securityRules"][0]["properties"]
-    assert rule["destinationPortRange"] == "22" and rule["access"] == "Allow" and nsg["tags"]["spotrun-cluster"] == "azure-v100"
+    assert (
+        rule["destinationPortRange"] == "22"
+        and rule["access"] == "Allow"
+        and nsg["tags"]["spotrun-cluster"] == "azure-v100"
+    )
     vnet = arm.server.sent("PUT", r".*/virtualNetworks/spotrun-eastus-vnet")[0].json
     assert vnet["properties"]["subnets"][0]["properties"]["networkSecurityGroup"]["id"].endswith("spotrun-eastus-nsg")
     nic = arm.server.sent("PUT", rf".*/networkInterfaces/{ids[0]}-nic")[0].json
-    assert nic["properties"]["ipConfigurations"][0]["properties"]["publicIPAddress"]["properties"] == {"deleteOption": "Delete"}
+    assert nic["properties"]["ipConfigurations"][0]["properties"]["publicIPAddress"]["properties"] == {
+        "deleteOption": "Delete"
+    }
 
     puts = _vm_puts(arm)
     assert len(puts) == 2 and puts[0].query["api-version"] == "2023-03-01"
@@ -256,7 +310,7 @@ def test_launch_spot_vms_with_tags_network_and_idempotency(provider: AzureProvid
     assert first.labels == {"role": "worker", "cluster": "azure-v100", "idempotency_key": "up-1"}
     assert first.extra["private_ip"].startswith("10.42.0.") and first.extra["spot"]
 
-    assert provider.launch(spec) == ids and len(_vm_puts(arm)) == 2     # same key: nothing new
+    assert provider.launch(spec) == ids and len(_vm_puts(arm)) == 2  # same key: nothing new
     assert len(provider.launch(_spec(count=3))) == 3 and len(_vm_puts(arm)) == 3
     assert arm.server.unmatched == []
 
@@ -267,15 +321,22 @@ def test_evicted_vm_is_preempted(provider: AzureProvider, arm: FakeArm) -> None:
     found = {i.id: i for i in provider.instances("azure-v100")}
     assert found[ids[0]].state is InstanceState.RUNNING
     assert found[ids[1]].state is InstanceState.PREEMPTED and "evicted" in found[ids[1]].reason
-    assert provider.instances("no-such-cluster") == []           # its resource group does not exist
+    assert provider.instances("no-such-cluster") == []  # its resource group does not exist
 
 
-@pytest.mark.parametrize("status,code,message", [
-    (409, "SkuNotAvailable", "The requested size for resource is currently not available in location 'eastus'."),
-    (409, "OperationNotAllowed", "Operation could not be completed as it results in exceeding approved "
-                                 "LowPriorityCores quota. Current Limit: 0."),
-    (409, "ZonalAllocationFailed", "Allocation failed. We do not have sufficient capacity in this zone."),
-])
+@pytest.mark.parametrize(
+    "status,code,message",
+    [
+        (409, "SkuNotAvailable", "The requested size for resource is currently not available in location 'eastus'."),
+        (
+            409,
+            "OperationNotAllowed",
+            "Operation could not be completed as it results in exceeding approved "
+            "LowPriorityCores quota. Current Limit: 0.",
+        ),
+        (409, "ZonalAllocationFailed", "Allocation failed. We do not have sufficient capacity in this zone."),
+    ],
+)
 def test_capacity_and_quota_errors(provider: AzureProvider, arm: FakeArm, status: int, code: str, message: str) -> None:
     arm.vm_error = _arm_error(status, code, message)
     with pytest.raises(CapacityError, match=code) as info:
@@ -299,7 +360,7 @@ def test_async_allocation_failure_is_capacity(provider: AzureProvider, arm: Fake
 def test_terminate_idempotent_and_cleanup_deletes_the_group(provider: AzureProvider, arm: FakeArm) -> None:
     ids = provider.launch(_spec())
     arm.evict(ids[1])
-    provider.terminate([ids[1], "sr-unknown-000000-0"])          # an evicted VM can be deleted too
+    provider.terminate([ids[1], "sr-unknown-000000-0"])  # an evicted VM can be deleted too
     assert [i.id for i in provider.instances("azure-v100")] == [ids[0]]
     assert not any(k.endswith(f"{ids[1]}-nic") or k.endswith(f"{ids[1]}-ip") for k in arm.resources)
     provider.terminate([ids[1]])

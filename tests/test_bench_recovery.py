@@ -30,16 +30,26 @@ def _timeline(module, tmp_path: Path, logs: dict[str, str]):
 
 def test_parse_timestamped_and_plain_lines(tmp_path: Path) -> None:
     bench = _bench()
-    timeline = _timeline(bench, tmp_path, {
-        "a": "noise\nSTEP 1 WORLD 3 T 10.0\n1712.5 STEP 2 WORLD 3 T 10.5\n"
-             "BOOT WORLD 2 T0 11.0 T1 11.2 RESUMED 2\nSTEP 3 WORLD 2 T 11.3\nSTEP 4 WOR",  # partial last line
-    })
+    timeline = _timeline(
+        bench,
+        tmp_path,
+        {
+            "a": "noise\nSTEP 1 WORLD 3 T 10.0\n1712.5 STEP 2 WORLD 3 T 10.5\n"
+            "BOOT WORLD 2 T0 11.0 T1 11.2 RESUMED 2\nSTEP 3 WORLD 2 T 11.3\nSTEP 4 WOR",  # partial last line
+        },
+    )
     assert [(x.step, x.world) for x in timeline.steps()] == [(1, 3), (2, 3), (3, 2)]
     assert timeline.first(10.6, 2).step == 3
-    assert bench.breakdown(timeline, 10.6, 2) == {"to_worker_start_s": 0.4, "worker_init_s": 0.2,
-                                                   "to_first_step_s": 0.1, "resumed_from": 2}
-    (tmp_path / "a.log").write_text((tmp_path / "a.log").read_text() + "LD 2 T 11.4\n"
-                                    "BOOT WORLD 2 T0 11.5 T1 11.6 RESUMED 4\nSTEP 5 WORLD 2 T 11.7\n")
+    assert bench.breakdown(timeline, 10.6, 2) == {
+        "to_worker_start_s": 0.4,
+        "worker_init_s": 0.2,
+        "to_first_step_s": 0.1,
+        "resumed_from": 2,
+    }
+    (tmp_path / "a.log").write_text(
+        (tmp_path / "a.log").read_text() + "LD 2 T 11.4\n"
+        "BOOT WORLD 2 T0 11.5 T1 11.6 RESUMED 4\nSTEP 5 WORLD 2 T 11.7\n"
+    )
     timeline.refresh()
     assert [x.step for x in timeline.steps()][-2:] == [4, 5], "a line split across two reads is parsed once complete"
     again = bench.breakdown(timeline, 10.6, 2)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from test_training_e2e import Job, job_factory  # noqa: F401  (the fixture is reused here)
 
 from spotrun.state import clusterfile
 from spotrun.state.control_plane import connect_recipe
 from spotrun.state.store import rdzv_key
-
-from test_training_e2e import Job, job_factory  # noqa: F401,F811  (the fixture is reused here)
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +51,11 @@ def test_etcd_restart_during_training_loses_nothing(job_factory, etcd_process, m
     from spotrun.client.nodes import preempt
 
     job = job_factory("restart", steps=900, delay=0.03)
-    job.recipe.write_text(job.recipe.read_text().replace(
-        job.recipe.read_text().split('endpoints: ["')[1].split('"')[0], etcd_process.endpoint))
+    job.recipe.write_text(
+        job.recipe.read_text().replace(
+            job.recipe.read_text().split('endpoints: ["')[1].split('"')[0], etcd_process.endpoint
+        )
+    )
     job.up(controller=True)
     job.wait(lambda: job.at_world(3) and job.steps()[-1][1] > 40, what="training at world 3")
     etcd_process.stop()
@@ -66,11 +68,19 @@ def test_etcd_restart_during_training_loses_nothing(job_factory, etcd_process, m
         job.wait(lambda: len(store.list_alive(job.name)) == 3, timeout=30, what="agents back in etcd")
         victim = next(i.id for i in _provider_view(job) if not i.state.is_gone)
         preempt(job.name, victim, 8.0)  # the controller's and agents' watches must work again
-        job.wait(lambda: store.get_notice(job.name, victim) is not None or
-                 any(e.kind == "notice" and e.node == victim for e in store.list_events(job.name)),
-                 timeout=30, what="the notice in etcd")
-        job.wait(lambda: any(e.kind == "launch" and victim in e.message for e in store.list_events(job.name)),
-                 timeout=30, what="a replacement launch")
+        job.wait(
+            lambda: (
+                store.get_notice(job.name, victim) is not None
+                or any(e.kind == "notice" and e.node == victim for e in store.list_events(job.name))
+            ),
+            timeout=30,
+            what="the notice in etcd",
+        )
+        job.wait(
+            lambda: any(e.kind == "launch" and victim in e.message for e in store.list_events(job.name)),
+            timeout=30,
+            what="a replacement launch",
+        )
     job.wait(lambda: job.finished(900), timeout=180, what="step 900")
     assert job.duplicates() == []
 
@@ -83,6 +93,7 @@ def test_warm_spare_takes_a_killed_nodes_place_and_is_refilled(job_factory) -> N
     job.up(controller=True)
     record = clusterfile.load(job.name)
     with connect_recipe(record.recipe(), record.endpoints) as store:
+
         def parked_spares() -> set[str]:
             return store.list_standby(job.name) & store.list_alive(job.name)
 
@@ -95,17 +106,27 @@ def test_warm_spare_takes_a_killed_nodes_place_and_is_refilled(job_factory) -> N
         preempt(job.name, victim, 0)
         lost = rdzv_key(job.name, job.name, "lost")
         job.wait(lambda: store.get_prefix(lost), timeout=30, what="a survivor's peer-lost report")
-        job.wait(lambda: any(e.kind == "activate" and e.node == spare for e in store.list_events(job.name)),
-                 timeout=30, what="the spare activated")
-        job.wait(lambda: spare in {p.node for p in store.list_progress(job.name)}, timeout=30,
-                 what="the spare training")
+        job.wait(
+            lambda: any(e.kind == "activate" and e.node == spare for e in store.list_events(job.name)),
+            timeout=30,
+            what="the spare activated",
+        )
+        job.wait(
+            lambda: spare in {p.node for p in store.list_progress(job.name)}, timeout=30, what="the spare training"
+        )
         job.wait(lambda: job.at_world(3, after=killed_at), timeout=30, what="world 3 again")
         job.wait(lambda: len(parked_spares() - {spare}) == 1, timeout=60, what="a new warm spare")
         job.wait(lambda: job.finished(700), timeout=180, what="step 700")
         new_spare = next(iter(store.list_standby(job.name)))
         # The job is over: the spare could only cost money now.
-        job.wait(lambda: any(e.kind == "terminate" and e.node == new_spare and "training finished" in e.message
-                             for e in store.list_events(job.name)), timeout=30, what="the spare let go")
+        job.wait(
+            lambda: any(
+                e.kind == "terminate" and e.node == new_spare and "training finished" in e.message
+                for e in store.list_events(job.name)
+            ),
+            timeout=30,
+            what="the spare let go",
+        )
     assert [s for _, s, _ in job.steps()] == list(range(1, 701)), "a step was skipped or ran twice"
     assert max(w for *_, w in job.steps()) == 3, "a spare never trains beside the target"
     live = [i.id for i in _provider_view(job) if not i.state.is_gone]

@@ -15,8 +15,9 @@ HEAVY = ("torch", "paramiko", "libcloud", "textual", "pyetcd", "grpc")
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "spotrun", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "spotrun", *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=60
+    )
 
 
 def test_help_lists_commands_and_exit_codes() -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from spotrun.controller.bootstrap import BootstrapPlan, bootstrap_all
+from spotrun.controller.ssh import HostKeyMismatch, SshTarget, SshTimeouts, connect
 from spotrun.controller.ssh_keys import ensure_keypair
 from spotrun.state.records import NodeRecord, NodeState
-from spotrun.controller.ssh import HostKeyMismatch, SshTarget, SshTimeouts, connect
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +34,13 @@ run: python train.py
 
 
 def _cli(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "spotrun", *args], capture_output=True, text=True, timeout=180,
-                            env={**os.environ, "SPOTRUN_HOME": str(home), "NO_COLOR": "1"})
+    result = subprocess.run(
+        [sys.executable, "-m", "spotrun", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "SPOTRUN_HOME": str(home), "NO_COLOR": "1"},
+    )
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -76,8 +81,12 @@ def home(tmp_path: Path):
     yield home
     for record in (home / "clusters").glob("*/cluster.json"):
         _cli(home, "down", record.parent.name, "--purge", check=False)
-    subprocess.run([sys.executable, "-m", "spotrun", "etcd", "stop"], env={**os.environ, "SPOTRUN_HOME": str(home)},
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "spotrun", "etcd", "stop"],
+        env={**os.environ, "SPOTRUN_HOME": str(home)},
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def _provider(home: Path):
@@ -203,8 +212,9 @@ def test_vm_that_never_answers_fails_within_the_timeout(tmp_path: Path) -> None:
     work.mkdir()
     plan = BootstrapPlan("dead", work, None, {}, lambda vm: ["true"], key, SshTimeouts(boot=2.0))
     reporter = _Lines([])
-    [outcome] = bootstrap_all([SshTarget("ghost", "127.0.0.1", port, "root", f"{public[0]} {public[1]}")], plan,
-                              reporter)
+    [outcome] = bootstrap_all(
+        [SshTarget("ghost", "127.0.0.1", port, "root", f"{public[0]} {public[1]}")], plan, reporter
+    )
     assert not outcome.ok and outcome.phase == "connect"
     assert "no SSH at 127.0.0.1" in outcome.error
     assert ("failed", "ghost", outcome.error) in reporter.events
@@ -213,8 +223,9 @@ def test_vm_that_never_answers_fails_within_the_timeout(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("protocol", ["aws", "gcp", "azure"])
 def test_notice_from_each_protocol_reaches_etcd(tmp_path: Path, store, cluster: str, etcd_server, protocol) -> None:
-    from spotrun.node.agent import Agent, AgentConfig
     from spotrun.providers.local.metadata import MetadataServer, arm_notice
+
+    from spotrun.node.agent import Agent, AgentConfig
 
     server = MetadataServer(tmp_path, {"id": "vm-1", "name": "vm-1"})
     server.start()

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from spotrun.state import clusterfile
 from spotrun.controller.bootstrap import QuietReporter
 from spotrun.controller.daemon import running_pid, start_daemon, stop_daemon
 from spotrun.controller.loop import Controller
-from spotrun.state.control_plane import connect_recipe
 from spotrun.controller.provisioning import Provisioner
 from spotrun.controller.scaling import set_target
+from spotrun.state import clusterfile
+from spotrun.state.control_plane import connect_recipe
 from spotrun.state.store import LeaseKeeper, rdzv_key
 
 pytestmark = pytest.mark.slow
@@ -48,8 +48,9 @@ def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
 
     def make(name: str, target: int = 2, extra: str = "", spares: int = 0) -> str:
         path = tmp_path / f"{name}.yaml"
-        path.write_text(RECIPE.format(name=name, target=target, spares=spares, endpoint=etcd_server.endpoint,
-                                      extra=extra))
+        path.write_text(
+            RECIPE.format(name=name, target=target, spares=spares, endpoint=etcd_server.endpoint, extra=extra)
+        )
         made.append(name)
         up(path, train=False, reporter_factory=QuietReporter)
         stop_daemon(name)  # tests drive the controller themselves unless they start the daemon
@@ -64,13 +65,18 @@ def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
 def _controller(name: str):
     record = clusterfile.load(name)
     store = connect_recipe(record.recipe(), record.endpoints)
-    return Controller(name, store, provisioner=Provisioner(record.recipe(), record, store, reporter_factory=QuietReporter)), store
+    return Controller(
+        name, store, provisioner=Provisioner(record.recipe(), record, store, reporter_factory=QuietReporter)
+    ), store
 
 
 def _live(store, name: str) -> list:
     record = clusterfile.load(name)
-    return [i for i in Provisioner(record.recipe(), record, store, reporter_factory=QuietReporter).instances()
-            if not i.state.is_gone]
+    return [
+        i
+        for i in Provisioner(record.recipe(), record, store, reporter_factory=QuietReporter).instances()
+        if not i.state.is_gone
+    ]
 
 
 def _until(check, timeout: float = 30.0, step: float = 0.1):
@@ -208,6 +214,7 @@ def test_killed_controller_during_launch_neither_duplicates_nor_leaks(cluster_en
             _until(lambda: len(store.list_alive(name)) == 4, timeout=60)
         except AssertionError:
             from spotrun.paths import cluster_dir
+
             history = "\n".join(f"{e.kind}: {e.message}" for e in store.list_events(name))
             raise AssertionError(f"{history}\n{(cluster_dir(name) / 'controller.log').read_text()[-3000:]}")
         time.sleep(3)  # a few more passes: still no extra VM

@@ -11,8 +11,10 @@ H = 3600.0
 
 
 def test_closed_and_open_segments() -> None:
-    segments = [LedgerSegment("a", 0.10, 0.40, start=0, end=2 * H),  # 0.20 $ (0.80 on demand)
-                LedgerSegment("b", 0.30, 1.00, start=H)]  # open: 0.30 $/h for 3 h at now=4h -> 0.90 $
+    segments = [
+        LedgerSegment("a", 0.10, 0.40, start=0, end=2 * H),  # 0.20 $ (0.80 on demand)
+        LedgerSegment("b", 0.30, 1.00, start=H),
+    ]  # open: 0.30 $/h for 3 h at now=4h -> 0.90 $
     summary = summarize(segments, now=4 * H)
     assert summary.total == pytest.approx(1.10)
     assert summary.on_demand_total == pytest.approx(0.80 + 3.00)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from spotrun.state import etcd_server as etcd_mod
 from spotrun.errors import ControlPlaneError
+from spotrun.state import etcd_server as etcd_mod
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,8 +28,9 @@ def _fake_etcd(tmp_path: Path, version: str) -> Path:
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, SPOTRUN_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "spotrun", "etcd", *args], env=env, capture_output=True, text=True,
-                          timeout=60, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "spotrun", "etcd", *args], env=env, capture_output=True, text=True, timeout=60, cwd=REPO
+    )
 
 
 # --- the binary ---------------------------------------------------------------------------
@@ -158,7 +159,9 @@ def test_stale_state_file_is_ignored(spotrun_home: Path) -> None:
     info = etcd_mod.ensure_running()
     etcd_mod.stop()
     # a state file left behind by a crash, pointing at a pid that is not our etcd
-    stale = etcd_mod.EtcdServerInfo(info.endpoint, os.getpid(), info.version, info.data_dir, info.client_port, info.peer_port)
+    stale = etcd_mod.EtcdServerInfo(
+        info.endpoint, os.getpid(), info.version, info.data_dir, info.client_port, info.peer_port
+    )
     (spotrun_home / "etcd" / "state.json").write_text(json.dumps(stale.to_dict()))
     assert etcd_mod.status() is None
     fresh = etcd_mod.ensure_running()

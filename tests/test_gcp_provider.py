@@ -26,12 +26,13 @@ import pytest
 
 pytest.importorskip("libcloud")
 
-from cloud_replay import ReplayServer, Request, replay_server  # noqa: E402
-from spotrun.errors import CapacityError, ProviderError  # noqa: E402
-from spotrun.providers import InstanceState, LaunchSpec, Offer, get_provider, supports  # noqa: E402
-from spotrun.providers.gcp.provider import GcpProvider, network_tag  # noqa: E402
-from spotrun.providers.gcp.api import instance_name  # noqa: E402
-from spotrun.client.prices import list_prices  # noqa: E402
+from cloud_replay import ReplayServer, Request, replay_server
+from spotrun.providers import InstanceState, LaunchSpec, Offer, get_provider, supports
+from spotrun.providers.gcp.api import instance_name
+from spotrun.providers.gcp.provider import GcpProvider, network_tag
+
+from spotrun.client.prices import list_prices
+from spotrun.errors import CapacityError, ProviderError
 
 DATA = Path(__file__).parent / "data" / "gcp"
 PROJECT = "demo-project"
@@ -58,12 +59,12 @@ class FakeCompute:
         self.template = recorded[0]
         ops = json.loads((DATA / "zone_operations.json").read_text())["items"]
         self.preempt_template, self.op_template = ops[0], ops[1]
-        self.instances: dict[str, dict[str, Any]] = {}     # name -> resource
+        self.instances: dict[str, dict[str, Any]] = {}  # name -> resource
         self.firewalls: dict[str, dict[str, Any]] = {}
         self.operations: dict[str, dict[str, Any]] = {}
         self.preempted_ops: list[dict[str, Any]] = []
         self.reads: dict[str, int] = {}
-        self.insert_error: dict[str, Any] | None = None    # an operation error for the next inserts
+        self.insert_error: dict[str, Any] | None = None  # an operation error for the next inserts
         self.insert_http_error: tuple[int, dict[str, Any]] | None = None
         self.tokens_issued = 0
         self._ids = itertools.count(1)
@@ -87,8 +88,12 @@ class FakeCompute:
         form = req.form
         assert form["grant_type"] == "urn:ietf:params:oauth:grant-type:jwt-bearer"
         header, claims, signature = form["assertion"].split(".")
-        self.public_key.verify(base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4)),
-                               f"{header}.{claims}".encode(), PKCS1v15(), SHA256())
+        self.public_key.verify(
+            base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4)),
+            f"{header}.{claims}".encode(),
+            PKCS1v15(),
+            SHA256(),
+        )
         claim = _b64json(claims)
         assert claim["iss"] == CLIENT and claim["scope"] == "https://www.googleapis.com/auth/cloud-platform"
         self.tokens_issued += 1
@@ -96,16 +101,28 @@ class FakeCompute:
 
     def _authorized(self, req: Request) -> tuple[int, Any] | None:
         if req.headers.get("authorization") != f"Bearer {TOKEN}":
-            return 401, {"error": {"code": 401, "message": "Request had invalid authentication credentials.",
-                                   "errors": [{"reason": "authError", "message": "Invalid Credentials"}]}}
+            return 401, {
+                "error": {
+                    "code": 401,
+                    "message": "Request had invalid authentication credentials.",
+                    "errors": [{"reason": "authError", "message": "Invalid Credentials"}],
+                }
+            }
         return None
 
     # -- operations ---------------------------------------------------------------------------
     def _op(self, kind: str, target: str, zone: str | None, error: dict[str, Any] | None = None) -> dict[str, Any]:
         name = f"operation-{next(self._ids)}"
         scope = f"zones/{zone}" if zone else "global"
-        op = {**copy.deepcopy(self.op_template), "name": name, "operationType": kind, "status": "RUNNING",
-              "targetLink": f"{LINK}/{target}", "selfLink": f"{LINK}/{scope}/operations/{name}", "progress": 0}
+        op = {
+            **copy.deepcopy(self.op_template),
+            "name": name,
+            "operationType": kind,
+            "status": "RUNNING",
+            "targetLink": f"{LINK}/{target}",
+            "selfLink": f"{LINK}/{scope}/operations/{name}",
+            "progress": 0,
+        }
         if zone:
             op["zone"] = f"{LINK}/zones/{zone}"
         else:
@@ -125,10 +142,20 @@ class FakeCompute:
 
     def list_zone(self, req: Request) -> tuple[int, Any]:
         zone = req.match.group(1)
-        items = [i for i in self.instances.values() if i["zone"].endswith(f"/{zone}")
-                 and self._matches(i, req.query.get("filter", ""))]
-        return self._authorized(req) or (200, {"kind": "compute#instanceList", "id": f"projects/{PROJECT}/zones/{zone}/instances",
-                                               "items": items, "selfLink": f"{LINK}/zones/{zone}/instances"})
+        items = [
+            i
+            for i in self.instances.values()
+            if i["zone"].endswith(f"/{zone}") and self._matches(i, req.query.get("filter", ""))
+        ]
+        return self._authorized(req) or (
+            200,
+            {
+                "kind": "compute#instanceList",
+                "id": f"projects/{PROJECT}/zones/{zone}/instances",
+                "items": items,
+                "selfLink": f"{LINK}/zones/{zone}/instances",
+            },
+        )
 
     def insert(self, req: Request) -> tuple[int, Any]:
         if denied := self._authorized(req):
@@ -137,18 +164,36 @@ class FakeCompute:
         if self.insert_http_error:
             return self.insert_http_error
         if body["name"] in self.instances:
-            return 409, {"error": {"code": 409, "message": f"The resource '{body['name']}' already exists",
-                                   "errors": [{"domain": "global", "reason": "alreadyExists",
-                                               "message": f"The resource '{body['name']}' already exists"}]}}
+            return 409, {
+                "error": {
+                    "code": 409,
+                    "message": f"The resource '{body['name']}' already exists",
+                    "errors": [
+                        {
+                            "domain": "global",
+                            "reason": "alreadyExists",
+                            "message": f"The resource '{body['name']}' already exists",
+                        }
+                    ],
+                }
+            }
         if self.insert_error is None:
             item = copy.deepcopy(self.template)
             n = next(self._ids)
-            item.update({"id": str(4567890123456700000 + n), "name": body["name"], "status": "STAGING",
-                         "zone": f"{LINK}/zones/{zone}", "machineType": f"{LINK}/{body['machineType']}",
-                         "labels": body["labels"], "tags": {**body["tags"], "fingerprint": "x="},
-                         "metadata": {"kind": "compute#metadata", "fingerprint": "y=", **body["metadata"]},
-                         "scheduling": {**body["scheduling"], "preemptible": False},
-                         "selfLink": f"{LINK}/zones/{zone}/instances/{body['name']}"})
+            item.update(
+                {
+                    "id": str(4567890123456700000 + n),
+                    "name": body["name"],
+                    "status": "STAGING",
+                    "zone": f"{LINK}/zones/{zone}",
+                    "machineType": f"{LINK}/{body['machineType']}",
+                    "labels": body["labels"],
+                    "tags": {**body["tags"], "fingerprint": "x="},
+                    "metadata": {"kind": "compute#metadata", "fingerprint": "y=", **body["metadata"]},
+                    "scheduling": {**body["scheduling"], "preemptible": False},
+                    "selfLink": f"{LINK}/zones/{zone}/instances/{body['name']}",
+                }
+            )
             item["networkInterfaces"][0]["accessConfigs"][0]["natIP"] = f"34.72.11.{n}"
             item["networkInterfaces"][0]["networkIP"] = f"10.128.0.{n}"
             self.instances[body["name"]] = item
@@ -160,10 +205,15 @@ class FakeCompute:
         name = req.match.group(2)
         item = self.instances.get(name)
         if item is None:
-            return 404, {"error": {"code": 404, "message": f"The resource '{name}' was not found",
-                                   "errors": [{"reason": "notFound", "message": "not found"}]}}
+            return 404, {
+                "error": {
+                    "code": 404,
+                    "message": f"The resource '{name}' was not found",
+                    "errors": [{"reason": "notFound", "message": "not found"}],
+                }
+            }
         self.reads[name] = self.reads.get(name, 0) + 1
-        if item["status"] == "STAGING" and self.reads[name] >= 2:   # boots after one poll
+        if item["status"] == "STAGING" and self.reads[name] >= 2:  # boots after one poll
             item["status"] = "RUNNING"
         return 200, item
 
@@ -172,23 +222,36 @@ class FakeCompute:
             return denied
         zone, name = req.match.groups()
         if self.instances.pop(name, None) is None:
-            return 404, {"error": {"code": 404, "message": f"The resource '{name}' was not found",
-                                   "errors": [{"reason": "notFound", "message": "not found"}]}}
+            return 404, {
+                "error": {
+                    "code": 404,
+                    "message": f"The resource '{name}' was not found",
+                    "errors": [{"reason": "notFound", "message": "not found"}],
+                }
+            }
         return 200, self._op("delete", f"zones/{zone}/instances/{name}", zone)
 
     def preempt(self, name: str) -> None:
         """What GCE does to a Spot VM with termination action DELETE: an operation, then it is gone."""
         item = self.instances.pop(name)
         op = copy.deepcopy(self.preempt_template)
-        op.update({"targetLink": item["selfLink"], "targetId": item["id"], "zone": item["zone"],
-                   "name": f"systemevent-{next(self._ids)}"})
+        op.update(
+            {
+                "targetLink": item["selfLink"],
+                "targetId": item["id"],
+                "zone": item["zone"],
+                "name": f"systemevent-{next(self._ids)}",
+            }
+        )
         self.preempted_ops.append(op)
 
     def aggregated_instances(self, req: Request) -> tuple[int, Any]:
         scoped: dict[str, Any] = {}
         for item in self.instances.values():
             if self._matches(item, req.query.get("filter", "")):
-                scoped.setdefault("zones/" + item["zone"].rsplit("/", 1)[-1], {"instances": []})["instances"].append(item)
+                scoped.setdefault("zones/" + item["zone"].rsplit("/", 1)[-1], {"instances": []})["instances"].append(
+                    item
+                )
         return self._authorized(req) or (200, {"kind": "compute#instanceAggregatedList", "items": scoped})
 
     def aggregated_operations(self, req: Request) -> tuple[int, Any]:
@@ -204,8 +267,13 @@ class FakeCompute:
             return denied
         body = req.json
         if body["name"] in self.firewalls:
-            return 409, {"error": {"code": 409, "message": "already exists",
-                                   "errors": [{"reason": "alreadyExists", "message": "already exists"}]}}
+            return 409, {
+                "error": {
+                    "code": 409,
+                    "message": "already exists",
+                    "errors": [{"reason": "alreadyExists", "message": "already exists"}],
+                }
+            }
         self.firewalls[body["name"]] = body
         return 200, self._op("insert", f"global/firewalls/{body['name']}", None)
 
@@ -228,8 +296,13 @@ class FakeBilling:
 
     def skus(self, req: Request) -> tuple[int, Any]:
         if req.headers.get("authorization") != f"Bearer {TOKEN}":
-            return 401, {"error": {"code": 401, "message": "Request had invalid authentication credentials.",
-                                   "status": "UNAUTHENTICATED"}}
+            return 401, {
+                "error": {
+                    "code": 401,
+                    "message": "Request had invalid authentication credentials.",
+                    "status": "UNAUTHENTICATED",
+                }
+            }
         if self.failure:
             return self.failure
         assert req.query.get("currencyCode") == "USD"
@@ -247,12 +320,23 @@ def gce(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCompute
     from cryptography.hazmat.primitives.asymmetric import rsa
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
     account = tmp_path / "sa.json"
-    account.write_text(json.dumps({"type": "service_account", "project_id": PROJECT, "private_key_id": "abc",
-                                   "private_key": pem, "client_email": CLIENT, "client_id": "1",
-                                   "token_uri": "https://oauth2.googleapis.com/token"}))
+    account.write_text(
+        json.dumps(
+            {
+                "type": "service_account",
+                "project_id": PROJECT,
+                "private_key_id": "abc",
+                "private_key": pem,
+                "client_email": CLIENT,
+                "client_id": "1",
+                "token_uri": "https://oauth2.googleapis.com/token",
+            }
+        )
+    )
     for name in ("SPOTRUN_GCP_PROJECT", "GOOGLE_CLOUD_PROJECT", "SPOTRUN_GCP_ZONES", "SPOTRUN_GCP_IMAGE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(account))
@@ -260,13 +344,13 @@ def gce(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCompute
     with replay_server() as server:
         monkeypatch.setenv("SPOTRUN_GCP_ENDPOINT_URL", server.url)
         fake = FakeCompute(server, key.public_key())
-        fake.billing = FakeBilling(server)   # type: ignore[attr-defined]
+        fake.billing = FakeBilling(server)  # type: ignore[attr-defined]
         yield fake
 
 
 @pytest.fixture
 def billing(gce: FakeCompute) -> FakeBilling:
-    return gce.billing   # type: ignore[attr-defined, no-any-return]
+    return gce.billing  # type: ignore[attr-defined, no-any-return]
 
 
 @pytest.fixture
@@ -276,8 +360,9 @@ def provider(gce: FakeCompute) -> GcpProvider:
 
 def _spec(cluster: str = "gcp-a100", count: int = 2, key: str = "up-0a1b2c3d4e5f", spot: bool = True) -> LaunchSpec:
     offer = Offer("gcp", "us-central1", ZONE, "n1-standard-8", 8, 0, None, 0.08, 0.38, spot=spot)
-    return LaunchSpec(cluster=cluster, offer=offer, count=count, ssh_public_key=KEY, idempotency_key=key,
-                      labels={"role": "worker"})
+    return LaunchSpec(
+        cluster=cluster, offer=offer, count=count, ssh_public_key=KEY, idempotency_key=key, labels={"role": "worker"}
+    )
 
 
 def test_registered_cheap_and_offers_from_libcloud_rates(gce: FakeCompute) -> None:
@@ -296,33 +381,46 @@ def test_registered_cheap_and_offers_from_libcloud_rates(gce: FakeCompute) -> No
 
 # Unit prices of the recorded Billing Catalog SKUs (us-central1 is in their serviceRegions), USD:
 # per vCPU-hour (Core), per GiB-hour (Ram), per GPU-hour.
-A2_CORE, A2_CORE_SPOT = 0.031611, 0.009483          # "A2 Instance Core", "Spot Preemptible A2 Instance Core"
-A2_RAM, A2_RAM_SPOT = 0.004237, 0.001271            # "A2 Instance Ram", "Spot Preemptible A2 Instance Ram"
-A100, A100_SPOT = 2.933908, 0.880172                # "Nvidia Tesla A100 GPU" (not the "A100 80GB" at 3.92788)
+A2_CORE, A2_CORE_SPOT = 0.031611, 0.009483  # "A2 Instance Core", "Spot Preemptible A2 Instance Core"
+A2_RAM, A2_RAM_SPOT = 0.004237, 0.001271  # "A2 Instance Ram", "Spot Preemptible A2 Instance Ram"
+A100, A100_SPOT = 2.933908, 0.880172  # "Nvidia Tesla A100 GPU" (not the "A100 80GB" at 3.92788)
 G2_CORE, G2_CORE_SPOT = 0.024988, 0.009995
 G2_RAM, G2_RAM_SPOT = 0.002927, 0.001171
 L4, L4_SPOT = 0.560922, 0.224369
 
 
-def test_gpu_offers_priced_from_the_billing_catalog(provider: GcpProvider, gce: FakeCompute,
-                                                    billing: FakeBilling) -> None:
+def test_gpu_offers_priced_from_the_billing_catalog(
+    provider: GcpProvider, gce: FakeCompute, billing: FakeBilling
+) -> None:
     provider.zones = [ZONE, "europe-west4-a"]
     offers = provider.offers()
     here = {(o.instance_type, o.spot): o for o in offers if o.zone == ZONE}
-    expected = {   # (spot, on-demand) $/h = vCPUs x core + GiB x RAM + GPUs x GPU, by hand
-        "a2-highgpu-1g": (12 * A2_CORE_SPOT + 85 * A2_RAM_SPOT + 1 * A100_SPOT,        # 1.102003
-                          12 * A2_CORE + 85 * A2_RAM + 1 * A100),                      # 3.673385
-        "a2-highgpu-8g": (96 * A2_CORE_SPOT + 680 * A2_RAM_SPOT + 8 * A100_SPOT,       # 8.816024
-                          96 * A2_CORE + 680 * A2_RAM + 8 * A100),                     # 29.38708
-        "g2-standard-4": (4 * G2_CORE_SPOT + 16 * G2_RAM_SPOT + 1 * L4_SPOT,           # 0.283085
-                          4 * G2_CORE + 16 * G2_RAM + 1 * L4),                         # 0.707706
-        "g2-standard-48": (48 * G2_CORE_SPOT + 192 * G2_RAM_SPOT + 4 * L4_SPOT,        # 1.602068
-                           48 * G2_CORE + 192 * G2_RAM + 4 * L4),                      # 4.005096
+    expected = {  # (spot, on-demand) $/h = vCPUs x core + GiB x RAM + GPUs x GPU, by hand
+        "a2-highgpu-1g": (
+            12 * A2_CORE_SPOT + 85 * A2_RAM_SPOT + 1 * A100_SPOT,  # 1.102003
+            12 * A2_CORE + 85 * A2_RAM + 1 * A100,
+        ),  # 3.673385
+        "a2-highgpu-8g": (
+            96 * A2_CORE_SPOT + 680 * A2_RAM_SPOT + 8 * A100_SPOT,  # 8.816024
+            96 * A2_CORE + 680 * A2_RAM + 8 * A100,
+        ),  # 29.38708
+        "g2-standard-4": (
+            4 * G2_CORE_SPOT + 16 * G2_RAM_SPOT + 1 * L4_SPOT,  # 0.283085
+            4 * G2_CORE + 16 * G2_RAM + 1 * L4,
+        ),  # 0.707706
+        "g2-standard-48": (
+            48 * G2_CORE_SPOT + 192 * G2_RAM_SPOT + 4 * L4_SPOT,  # 1.602068
+            48 * G2_CORE + 192 * G2_RAM + 4 * L4,
+        ),  # 4.005096
     }
     assert expected["a2-highgpu-1g"][1] == pytest.approx(3.673385)
     assert expected["g2-standard-48"][0] == pytest.approx(1.602068)
-    shapes = {"a2-highgpu-1g": (12, 1, "A100"), "a2-highgpu-8g": (96, 8, "A100"), "g2-standard-4": (4, 1, "L4"),
-              "g2-standard-48": (48, 4, "L4")}
+    shapes = {
+        "a2-highgpu-1g": (12, 1, "A100"),
+        "a2-highgpu-8g": (96, 8, "A100"),
+        "g2-standard-4": (4, 1, "L4"),
+        "g2-standard-48": (48, 4, "L4"),
+    }
     for machine_type, (spot_price, on_demand_price) in expected.items():
         for spot in (True, False):
             offer = here[(machine_type, spot)]
@@ -342,8 +440,9 @@ def test_gpu_offers_priced_from_the_billing_catalog(provider: GcpProvider, gce: 
     assert len(billing.requests) == 2 and gce.server.unmatched == []
 
 
-def test_billing_catalog_pages_are_followed_with_the_compute_token(provider: GcpProvider, gce: FakeCompute,
-                                                                  billing: FakeBilling) -> None:
+def test_billing_catalog_pages_are_followed_with_the_compute_token(
+    provider: GcpProvider, gce: FakeCompute, billing: FakeBilling
+) -> None:
     assert {o.instance_type for o in provider.offers()} >= GPU_TYPES
     first, second = billing.requests
     assert first.query == {"currencyCode": "USD"}
@@ -360,19 +459,41 @@ def test_billing_catalog_pages_are_followed_with_the_compute_token(provider: Gcp
 
 
 def test_failed_billing_catalog_keeps_cpu_offers_and_drops_gpu_types(
-        provider: GcpProvider, gce: FakeCompute, billing: FakeBilling, caplog: pytest.LogCaptureFixture,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    provider: GcpProvider,
+    gce: FakeCompute,
+    billing: FakeBilling,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(logging.getLogger("spotrun"), "propagate", True)
-    billing.failure = (403, {"error": {"code": 403, "status": "PERMISSION_DENIED",
-                                       "message": f"Cloud Billing API has not been used in project {PROJECT} before "
-                                                  "or it is disabled.",
-                                       "errors": [{"reason": "accessNotConfigured", "domain": "usageLimits",
-                                                   "message": "Cloud Billing API is disabled."}]}})
+    billing.failure = (
+        403,
+        {
+            "error": {
+                "code": 403,
+                "status": "PERMISSION_DENIED",
+                "message": f"Cloud Billing API has not been used in project {PROJECT} before or it is disabled.",
+                "errors": [
+                    {
+                        "reason": "accessNotConfigured",
+                        "domain": "usageLimits",
+                        "message": "Cloud Billing API is disabled.",
+                    }
+                ],
+            }
+        },
+    )
     with caplog.at_level(logging.WARNING, logger="spotrun.providers.gcp"):
         offers = provider.offers()
     types = {o.instance_type for o in offers}
-    assert types == {"n1-standard-4", "n1-standard-8", "n1-standard-16", "n2-standard-8", "e2-standard-4",
-                     "c2-standard-8"}
+    assert types == {
+        "n1-standard-4",
+        "n1-standard-8",
+        "n1-standard-16",
+        "n2-standard-8",
+        "e2-standard-4",
+        "c2-standard-8",
+    }
     assert not types & GPU_TYPES and all(0 < o.spot_price < o.on_demand_price for o in offers)
     assert all(provider.price_age(o) is None for o in offers)
     warning = [r for r in caplog.records if r.name == "spotrun.providers.gcp" and r.levelno == logging.WARNING]
@@ -397,15 +518,16 @@ def test_billing_endpoint_override_goes_to_its_own_server(gce: FakeCompute, monk
         provider = GcpProvider(zones=[ZONE])
         assert {o.instance_type for o in provider.offers()} >= GPU_TYPES
         assert len(catalog.requests) == 2 and other.unmatched == []
-        assert gce.billing.requests == [] and gce.tokens_issued == 1   # type: ignore[attr-defined]
+        assert gce.billing.requests == [] and gce.tokens_issued == 1  # type: ignore[attr-defined]
     monkeypatch.delenv("SPOTRUN_GCP_BILLING_ENDPOINT_URL")
-    assert GcpProvider().billing_endpoint_url == gce.server.url          # defaults to the Compute override
+    assert GcpProvider().billing_endpoint_url == gce.server.url  # defaults to the Compute override
     monkeypatch.delenv("SPOTRUN_GCP_ENDPOINT_URL")
     assert GcpProvider().billing_endpoint_url == "https://cloudbilling.googleapis.com"
 
 
-def test_billing_catalog_is_cached_within_its_ttl(provider: GcpProvider, gce: FakeCompute,
-                                                  billing: FakeBilling, tmp_path: Path) -> None:
+def test_billing_catalog_is_cached_within_its_ttl(
+    provider: GcpProvider, gce: FakeCompute, billing: FakeBilling, tmp_path: Path
+) -> None:
     first = {(o.instance_type, o.spot): o.price for o in provider.offers()}
     assert len(billing.requests) == 2
     # Again, and from another provider (another `spotrun` run): the cached catalog, with its age.
@@ -432,7 +554,7 @@ def test_missing_or_bad_credentials_are_one_line(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ProviderError, match="no GCP credentials found") as info:
         GcpProvider(project="p", zones=[ZONE]).instances("c")
     with pytest.raises(ProviderError, match="no GCP credentials found"):
-        GcpProvider(project="p", zones=[ZONE]).offers()     # `spotrun prices` skips it with a note
+        GcpProvider(project="p", zones=[ZONE]).offers()  # `spotrun prices` skips it with a note
     assert "GOOGLE_APPLICATION_CREDENTIALS" in str(info.value) and "\n" not in str(info.value)
     (tmp_path / "user.json").write_text(json.dumps({"type": "authorized_user", "client_id": "x"}))
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "user.json"))
@@ -450,10 +572,18 @@ def test_launch_spot_vms_with_labels_firewalls_and_idempotency(provider: GcpProv
     inserts = gce.server.sent("POST", rf"{BASE}/zones/{ZONE}/instances")
     assert len(inserts) == 2
     body = next(r.json for r in inserts if r.json["name"] == ids[0])
-    assert body["scheduling"] == {"onHostMaintenance": "TERMINATE", "automaticRestart": False,
-                                  "provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}
-    assert body["labels"] == {"spotrun": "1", "spotrun-cluster": "gcp-a100", "spotrun-key": "up-0a1b2c3d4e5f",
-                              "role": "worker"}
+    assert body["scheduling"] == {
+        "onHostMaintenance": "TERMINATE",
+        "automaticRestart": False,
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "DELETE",
+    }
+    assert body["labels"] == {
+        "spotrun": "1",
+        "spotrun-cluster": "gcp-a100",
+        "spotrun-key": "up-0a1b2c3d4e5f",
+        "role": "worker",
+    }
     assert body["disks"][0]["initializeParams"]["labels"] == body["labels"]
     assert body["machineType"] == f"zones/{ZONE}/machineTypes/n1-standard-8"
     meta = {m["key"]: m["value"] for m in body["metadata"]["items"]}
@@ -488,7 +618,7 @@ def test_insert_race_already_exists_counts_as_success(provider: GcpProvider, gce
     spec = _spec(count=1)
     name = instance_name(spec.cluster, spec.idempotency_key, 0)
     provider.launch(spec)
-    gce.instances[name]["labels"]["spotrun-key"] = "hidden-from-the-list"   # the list misses it, the insert hits it
+    gce.instances[name]["labels"]["spotrun-key"] = "hidden-from-the-list"  # the list misses it, the insert hits it
     assert provider.launch(spec) == [name]
     assert gce.server.unmatched == []
 
@@ -519,16 +649,35 @@ def test_recorded_instance_list_through_the_provider(provider: GcpProvider, gce:
 
 
 def test_capacity_and_quota_errors_become_capacity_error(provider: GcpProvider, gce: FakeCompute) -> None:
-    gce.insert_error = {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED",
-                                    "message": f"The zone 'projects/{PROJECT}/zones/{ZONE}' does not have enough "
-                                               "resources available to fulfill the request."}]}
+    gce.insert_error = {
+        "errors": [
+            {
+                "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                "message": f"The zone 'projects/{PROJECT}/zones/{ZONE}' does not have enough "
+                "resources available to fulfill the request.",
+            }
+        ]
+    }
     with pytest.raises(CapacityError, match="ZONE_RESOURCE_POOL_EXHAUSTED") as info:
         provider.launch(_spec(count=1))
     assert "\n" not in str(info.value)
     gce.insert_error = None
-    gce.insert_http_error = (403, {"error": {"code": 403, "message": "Quota 'PREEMPTIBLE_CPUS' exceeded. Limit: 8.0",
-                                             "errors": [{"domain": "usageLimits", "reason": "quotaExceeded",
-                                                         "message": "Quota 'PREEMPTIBLE_CPUS' exceeded."}]}})
+    gce.insert_http_error = (
+        403,
+        {
+            "error": {
+                "code": 403,
+                "message": "Quota 'PREEMPTIBLE_CPUS' exceeded. Limit: 8.0",
+                "errors": [
+                    {
+                        "domain": "usageLimits",
+                        "reason": "quotaExceeded",
+                        "message": "Quota 'PREEMPTIBLE_CPUS' exceeded.",
+                    }
+                ],
+            }
+        },
+    )
     with pytest.raises(CapacityError, match="quotaExceeded"):
         provider.launch(_spec(count=1, key="k2"))
 
@@ -549,17 +698,20 @@ def test_terminate_is_idempotent_and_cleanup_removes_everything(provider: GcpPro
     ids = provider.launch(_spec())
     provider.terminate([ids[0], "sr-unknown-000000-0"])
     assert [i.id for i in provider.instances("gcp-a100")] == [ids[1]]
-    provider.terminate([ids[0]])                       # already gone: nothing sent
+    provider.terminate([ids[0]])  # already gone: nothing sent
     assert len(gce.server.sent("DELETE", rf"{BASE}/zones/{ZONE}/instances/.*")) == 1
     provider.cleanup("gcp-a100")
     assert provider.instances("gcp-a100") == [] and gce.firewalls == {}
-    provider.cleanup("gcp-a100")                       # twice is fine
+    provider.cleanup("gcp-a100")  # twice is fine
     assert gce.server.unmatched == []
 
 
 def test_wrong_token_is_a_provider_error_naming_credentials(provider: GcpProvider, gce: FakeCompute) -> None:
-    gce.server.route("POST", "/o/oauth2/token", lambda req: (400, {"error": "invalid_grant",
-                                                                   "error_description": "Invalid JWT Signature."}))
+    gce.server.route(
+        "POST",
+        "/o/oauth2/token",
+        lambda req: (400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."}),
+    )
     with pytest.raises(ProviderError, match="GOOGLE_APPLICATION_CREDENTIALS") as info:
         provider.instances("gcp-a100")
     assert "\n" not in str(info.value)

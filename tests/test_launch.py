@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from spotrun.state import store as store_mod
 from spotrun.elastic import launcher as launch
+from spotrun.state import store as store_mod
 
 SCRIPT = Path(__file__).parent / "elastic_scripts" / "allreduce_steps.py"
 STEP = re.compile(r"^STEP (\d+) WORLD (\d+) RANK (\d+) NODE (\S+) T ([\d.]+)$")
@@ -65,9 +65,26 @@ class Job:
     def start(self, node: str, *extra: str) -> Launcher:
         log = self.tmp / f"{node}.log"
         cmd = [
-            sys.executable, "-m", "spotrun.elastic.launcher", "--cluster", self.cluster, "--node", node,
-            "--etcd", self.etcd, "--nnodes", self.nnodes, "--local-addr", "127.0.0.1", *extra, "--",
-            "python", str(SCRIPT), str(self.state_dir), "--steps", str(self.steps),
+            sys.executable,
+            "-m",
+            "spotrun.elastic.launcher",
+            "--cluster",
+            self.cluster,
+            "--node",
+            node,
+            "--etcd",
+            self.etcd,
+            "--nnodes",
+            self.nnodes,
+            "--local-addr",
+            "127.0.0.1",
+            *extra,
+            "--",
+            "python",
+            str(SCRIPT),
+            str(self.state_dir),
+            "--steps",
+            str(self.steps),
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1", SPOTRUN_LAUNCH_LOG="WARNING", OMP_NUM_THREADS="1")
         with open(log, "wb") as out:
@@ -142,8 +159,25 @@ def _report(case: str, seconds: float) -> None:
 
 
 def test_plan_uses_run_path_for_python_scripts() -> None:
-    plan = launch.build_plan(["--cluster", "c", "--node", "n1", "--etcd", "http://127.0.0.1:2379", "--etcd", "http://h:2379",
-                              "--nnodes", "1:4", "--", "python", "train.py", "--lr", "0.1"])
+    plan = launch.build_plan(
+        [
+            "--cluster",
+            "c",
+            "--node",
+            "n1",
+            "--etcd",
+            "http://127.0.0.1:2379",
+            "--etcd",
+            "http://h:2379",
+            "--nnodes",
+            "1:4",
+            "--",
+            "python",
+            "train.py",
+            "--lr",
+            "0.1",
+        ]
+    )
     args = plan.torchrun_args
     assert args[args.index("--rdzv-backend") + 1] == "spotrun-etcd"
     assert args[args.index("--rdzv-endpoint") + 1] == "http://127.0.0.1:2379,http://h:2379"
@@ -156,10 +190,28 @@ def test_plan_uses_run_path_for_python_scripts() -> None:
 
 
 def test_plan_other_commands_run_without_python() -> None:
-    plan = launch.build_plan(["--cluster", "c", "--node", "n1", "--etcd", "http://e:1", "--nnodes", "2", "--", "./train.sh", "x"])
+    plan = launch.build_plan(
+        ["--cluster", "c", "--node", "n1", "--etcd", "http://e:1", "--nnodes", "2", "--", "./train.sh", "x"]
+    )
     assert plan.torchrun_args[-3:] == ["--no-python", "./train.sh", "x"]
     assert plan.torchrun_args[plan.torchrun_args.index("--nnodes") + 1] == "2:2"
-    module = launch.build_plan(["--cluster", "c", "--node", "n", "--etcd", "http://e:1", "--nnodes", "1:2", "--", "python", "-m", "pkg.train", "a"])
+    module = launch.build_plan(
+        [
+            "--cluster",
+            "c",
+            "--node",
+            "n",
+            "--etcd",
+            "http://e:1",
+            "--nnodes",
+            "1:2",
+            "--",
+            "python",
+            "-m",
+            "pkg.train",
+            "a",
+        ]
+    )
     assert module.module == "pkg.train" and module.torchrun_args[-2:] == ["spotrun-module", "a"]
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from spotrun.providers import Instance, InstanceState, LaunchSpec, get_provider, supports
+from spotrun.providers.local.provider import LocalProvider
 
 from spotrun.errors import NotFoundError, ProviderError
 from spotrun.node.notices import NoticeWatcher
-from spotrun.providers import Instance, InstanceState, LaunchSpec, get_provider, supports
-from spotrun.providers.local.provider import LocalProvider
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="local VMs need root for namespaces")
 
@@ -88,19 +88,34 @@ def local_vms(tmp_path: Path, vm_roots: list[Path]) -> Iterator[Callable[..., Lo
 
 
 def _spec(provider: LocalProvider, key: str, count: int = 1, idem: str | None = None, cluster: str = "t") -> LaunchSpec:
-    return LaunchSpec(cluster=cluster, offer=provider.offers()[0], count=count, ssh_public_key=key,
-                      idempotency_key=idem or secrets.token_hex(4))
+    return LaunchSpec(
+        cluster=cluster,
+        offer=provider.offers()[0],
+        count=count,
+        ssh_public_key=key,
+        idempotency_key=idem or secrets.token_hex(4),
+    )
 
 
 def _ssh(inst: Instance, pkey: paramiko.PKey, host_key: str | None = None) -> paramiko.SSHClient:
     """A client that accepts only the pinned host key (RejectPolicy; never AutoAddPolicy)."""
     client = paramiko.SSHClient()
     keytype, b64 = (host_key or inst.host_public_key).split()
-    client.get_host_keys().add(f"[{inst.host}]:{inst.ssh_port}", keytype,
-                               paramiko.PKey.from_type_string(keytype, base64.b64decode(b64)))
+    client.get_host_keys().add(
+        f"[{inst.host}]:{inst.ssh_port}", keytype, paramiko.PKey.from_type_string(keytype, base64.b64decode(b64))
+    )
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    client.connect(inst.host, port=inst.ssh_port, username=inst.ssh_user, pkey=pkey,
-                   allow_agent=False, look_for_keys=False, timeout=10, banner_timeout=10, auth_timeout=10)
+    client.connect(
+        inst.host,
+        port=inst.ssh_port,
+        username=inst.ssh_user,
+        pkey=pkey,
+        allow_agent=False,
+        look_for_keys=False,
+        timeout=10,
+        banner_timeout=10,
+        auth_timeout=10,
+    )
     return client
 
 
@@ -140,7 +155,9 @@ def _wait_for(predicate: Callable[[], object], timeout: float) -> bool:
 
 # -- tests ------------------------------------------------------------------------------------
 def test_registry_offers_and_capabilities(tmp_path: Path) -> None:
-    provider = get_provider("local", root=tmp_path, prices={"x-1": {"spot": 0.1, "on_demand": 0.4, "cpus": 1, "gpus": 0}})
+    provider = get_provider(
+        "local", root=tmp_path, prices={"x-1": {"spot": 0.1, "on_demand": 0.4, "cpus": 1, "gpus": 0}}
+    )
     assert isinstance(provider, LocalProvider) and supports(provider, "preempt") and not supports(provider, "resize")
     spot, on_demand = provider.offers()
     assert (spot.instance_type, spot.price, on_demand.price) == ("x-1", 0.1, 0.4)
@@ -165,7 +182,8 @@ def test_three_vms_in_parallel_with_pinned_ssh_own_home_and_env(local_vms, clust
         client = _ssh(inst, pkey)
         try:
             node, path, pwd, spotrun_bin, login_path = _run(
-                client, "echo $SPOTRUN_NODE_ID; echo $PATH; pwd; command -v spotrun; bash -lc 'echo $PATH'").split()
+                client, "echo $SPOTRUN_NODE_ID; echo $PATH; pwd; command -v spotrun; bash -lc 'echo $PATH'"
+            ).split()
         finally:
             client.close()
         assert (node, pwd, spotrun_bin) == (vm_id, "/root", f"{venv_bin}/spotrun")
@@ -220,7 +238,9 @@ def test_terminate_kills_every_process_of_the_vm(local_vms, cluster_key) -> None
     assert _wait_for(lambda: len(_sleepers(marker)) == 1, 10)
     (orphan,) = _sleepers(marker)
     init = inst.extra["init_pid"]
-    assert os.readlink(f"/proc/{orphan}/ns/pid") == os.readlink(f"/proc/{init}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    assert (
+        os.readlink(f"/proc/{orphan}/ns/pid") == os.readlink(f"/proc/{init}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    )
     assert os.getsid(orphan) != os.getsid(init)
 
     provider.terminate([vm_id])
@@ -250,8 +270,9 @@ def test_preempt_notice_reaches_all_three_protocols_then_the_vm_dies(local_vms, 
     assert NoticeWatcher("aws", inst.metadata_url).poll() is None
 
     gcp_result: list[object] = []
-    gcp = threading.Thread(target=lambda: gcp_result.append(
-        NoticeWatcher("gcp", inst.metadata_url, long_poll_s=5).wait(threading.Event())))
+    gcp = threading.Thread(
+        target=lambda: gcp_result.append(NoticeWatcher("gcp", inst.metadata_url, long_poll_s=5).wait(threading.Event()))
+    )
     gcp.start()
     time.sleep(0.3)  # the GCP watcher is now inside a wait_for_change long poll
     deadline = provider.preempt(vm_id, 2.0)
@@ -263,8 +284,11 @@ def test_preempt_notice_reaches_all_three_protocols_then_the_vm_dies(local_vms, 
     assert gcp_result and gcp_result[0].source == "gcp"
     # The VM's own processes see the notice too, through the environment sshd sets.
     with _ssh(inst, pkey) as client:
-        out = _run(client, "python -c 'from spotrun.node.notices import NoticeWatcher as W; "
-                           "w = W.from_env(); print(w.protocol, w.poll() is not None)'")
+        out = _run(
+            client,
+            "python -c 'from spotrun.node.notices import NoticeWatcher as W; "
+            "w = W.from_env(); print(w.protocol, w.poll() is not None)'",
+        )
     assert out.split() == ["gcp", "True"]
     assert _by_id(provider)[vm_id].state is InstanceState.RUNNING
 
@@ -286,11 +310,15 @@ def test_preempt_with_no_notice_kills_at_once(local_vms, cluster_key) -> None:
         provider.preempt("t-missing", 5)
 
 
-@pytest.mark.parametrize("config, expected", [
-    ({"sshd_extra_config": ["NoSuchOption yes"]}, "Bad configuration option"),
-    ({"sshd": "/bin/false"}, "sshd exited with status 1"),
-    ({"sshd": "HANGS", "launch_timeout": 2}, "not ready within 2s"),
-], ids=["bad-config", "bad-binary", "hangs"])
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        ({"sshd_extra_config": ["NoSuchOption yes"]}, "Bad configuration option"),
+        ({"sshd": "/bin/false"}, "sshd exited with status 1"),
+        ({"sshd": "HANGS", "launch_timeout": 2}, "not ready within 2s"),
+    ],
+    ids=["bad-config", "bad-binary", "hangs"],
+)
 def test_vm_whose_sshd_cannot_start_fails_cleanly(local_vms, cluster_key, tmp_path, config, expected) -> None:
     if config.get("sshd") == "HANGS":
         hangs = tmp_path / "sshd-that-hangs"

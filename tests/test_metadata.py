@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from spotrun.providers.local.metadata import MetadataServer, arm_notice, gcp_etag, read_notice
 
 from spotrun.node.notices import NoticeWatcher, PreemptionNotice
-from spotrun.providers.local.metadata import MetadataServer, arm_notice, gcp_etag, read_notice
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -33,8 +33,9 @@ def endpoint(tmp_path: Path) -> Iterator[tuple[MetadataServer, Path]]:
         server.close()
 
 
-def _call(url: str, method: str = "GET", headers: dict[str, str] | None = None,
-          data: bytes | None = None) -> tuple[int, str, dict[str, str]]:
+def _call(
+    url: str, method: str = "GET", headers: dict[str, str] | None = None, data: bytes | None = None
+) -> tuple[int, str, dict[str, str]]:
     req = urllib.request.Request(url, method=method, headers=headers or {}, data=data)
     try:
         with _OPENER.open(req, timeout=10) as resp:
@@ -49,7 +50,9 @@ def test_aws_imdsv2(endpoint: tuple[MetadataServer, Path]) -> None:
     action = server.url + "/latest/meta-data/spot/instance-action"
     assert _call(action)[0] == 401
     assert _call(server.url + "/latest/api/token", "PUT", {"X-aws-ec2-metadata-token-ttl-seconds": "0"})[0] == 400
-    status, token, headers = _call(server.url + "/latest/api/token", "PUT", {"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+    status, token, headers = _call(
+        server.url + "/latest/api/token", "PUT", {"X-aws-ec2-metadata-token-ttl-seconds": "60"}
+    )
     assert status == 200 and token and headers["X-aws-ec2-metadata-token-ttl-seconds"] == "60"
     auth = {"X-aws-ec2-metadata-token": token}
     assert _call(action, headers={"X-aws-ec2-metadata-token": "forged"})[0] == 401
@@ -60,8 +63,10 @@ def test_aws_imdsv2(endpoint: tuple[MetadataServer, Path]) -> None:
     notice = arm_notice(vm_dir, 120)
     status, body, _ = _call(action, headers=auth)
     assert status == 200
-    assert json.loads(body) == {"action": "terminate",
-                                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(notice.deadline)))}
+    assert json.loads(body) == {
+        "action": "terminate",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(notice.deadline))),
+    }
     got = NoticeWatcher("aws", server.url).poll()
     assert got is not None and got.source == "aws" and int(notice.deadline) == got.deadline
 
@@ -101,8 +106,9 @@ def test_gcp_preempted_and_long_poll(endpoint: tuple[MetadataServer, Path]) -> N
 
     threading.Timer(0.4, arm_notice, (vm_dir, 30)).start()
     started = time.monotonic()
-    status, body, headers = _call(url + f"?wait_for_change=true&last_etag={gcp_etag('FALSE')}&timeout_sec=30",
-                                  headers=google)
+    status, body, headers = _call(
+        url + f"?wait_for_change=true&last_etag={gcp_etag('FALSE')}&timeout_sec=30", headers=google
+    )
     assert (status, body, headers["ETag"]) == (200, "TRUE", gcp_etag("TRUE"))
     assert 0.3 < time.monotonic() - started < 2
 
@@ -135,8 +141,12 @@ def test_azure_scheduled_events(endpoint: tuple[MetadataServer, Path]) -> None:
     notice = arm_notice(vm_dir, 45)
     doc = json.loads(_call(url, headers={"Metadata": "true"})[1])
     (event,) = doc["Events"]
-    assert (event["EventType"], event["ResourceType"], event["Resources"], event["EventStatus"]) == \
-        ("Preempt", "VirtualMachine", ["vm-1"], "Scheduled")
+    assert (event["EventType"], event["ResourceType"], event["Resources"], event["EventStatus"]) == (
+        "Preempt",
+        "VirtualMachine",
+        ["vm-1"],
+        "Scheduled",
+    )
     assert event["EventId"] == notice.event_id and event["NotBefore"].endswith(" GMT")
     got = NoticeWatcher("azure", server.url).poll()
     assert got is not None and got.deadline == int(notice.deadline)

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-from spotrun.controller.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster,
-                          Terminate, plan)
+from spotrun.controller.plan import (
+    Activate,
+    Blocked,
+    CloseLedger,
+    Desired,
+    Drain,
+    Launch,
+    NodeView,
+    Observed,
+    StopCluster,
+    Terminate,
+    plan,
+)
 
 D = Desired(target=3, min=1, max=4)
 
 
 def _nodes(*specs: dict) -> list[NodeView]:
-    return [NodeView(**{"id": f"n{i}", "price_per_hour": 0.1, "alive": True, "ready": True, **spec})
-            for i, spec in enumerate(specs)]
+    return [
+        NodeView(**{"id": f"n{i}", "price_per_hour": 0.1, "alive": True, "ready": True, **spec})
+        for i, spec in enumerate(specs)
+    ]
 
 
 def test_steady_state_does_nothing() -> None:
@@ -43,7 +56,9 @@ def test_booting_replacement_does_not_swap_yet() -> None:
 
 
 def test_deadline_passed_and_left_nodes_are_terminated() -> None:
-    nodes = _nodes({}, {}, {}, {"noticed": True, "notice_deadline": 5.0, "leaving": True}, {"leaving": True, "left": True})
+    nodes = _nodes(
+        {}, {}, {}, {"noticed": True, "notice_deadline": 5.0, "leaving": True}, {"leaving": True, "left": True}
+    )
     actions = plan(D, Observed(nodes, now=6.0))
     assert actions == [Terminate("n3", "preemption deadline passed"), Terminate("n4", "left the training job")]
 
@@ -76,11 +91,14 @@ def test_budget_total_stops_cluster() -> None:
     desired = Desired(target=3, min=1, max=4, max_total=1.0)
     nodes = _nodes({}, {"leaving": True}, {"alive": False})
     actions = plan(desired, Observed(nodes, spent_total=1.2))
-    assert actions == [StopCluster("budget: spent 1.2000 $ >= max_total 1.0 $"),
-                       Drain("n0", "drain: budget max_total reached"),
-                       Terminate("n2", "budget max_total reached")]
+    assert actions == [
+        StopCluster("budget: spent 1.2000 $ >= max_total 1.0 $"),
+        Drain("n0", "drain: budget max_total reached"),
+        Terminate("n2", "budget max_total reached"),
+    ]
     assert plan(desired, Observed(_nodes({"left": True, "leaving": True}), spent_total=1.2, stopped=True)) == [
-        Terminate("n0", "budget max_total reached")]
+        Terminate("n0", "budget max_total reached")
+    ]
 
 
 def test_unfinished_launch_is_resumed_with_its_key() -> None:
@@ -107,22 +125,33 @@ def test_steady_state_with_a_spare_does_nothing() -> None:
 
 def test_notice_activates_the_spare_and_launches_a_new_one() -> None:
     nodes = _nodes({}, {}, {"noticed": True, "notice_deadline": 100.0}, {"standby": True})
-    assert plan(S, Observed(nodes, now=50.0)) == [Activate("n3", "warm spare activated: replace noticed n2"),
-                                                  Launch(1, "keep 1 warm spare", standby=1)]
+    assert plan(S, Observed(nodes, now=50.0)) == [
+        Activate("n3", "warm spare activated: replace noticed n2"),
+        Launch(1, "keep 1 warm spare", standby=1),
+    ]
 
 
 def test_hard_kill_activates_an_alive_spare_before_a_booting_one() -> None:
     two = Desired(target=3, min=1, max=3, spares=2)
-    nodes = _nodes({}, {}, {"gone": True, "ledger_open": False},
-                   {"standby": True, "alive": False, "launched_at": 1.0}, {"standby": True, "launched_at": 2.0})
-    assert plan(two, Observed(nodes)) == [Activate("n4", "warm spare activated: fill the target"),
-                                          Launch(1, "keep 2 warm spares", standby=1)]
+    nodes = _nodes(
+        {},
+        {},
+        {"gone": True, "ledger_open": False},
+        {"standby": True, "alive": False, "launched_at": 1.0},
+        {"standby": True, "launched_at": 2.0},
+    )
+    assert plan(two, Observed(nodes)) == [
+        Activate("n4", "warm spare activated: fill the target"),
+        Launch(1, "keep 2 warm spares", standby=1),
+    ]
 
 
 def test_more_gaps_than_spares_launch_the_rest_for_training() -> None:
     nodes = _nodes({}, {"standby": True})
-    assert plan(S, Observed(nodes)) == [Activate("n1", "warm spare activated: fill the target"),
-                                        Launch(2, "reach target 3", standby=1)]
+    assert plan(S, Observed(nodes)) == [
+        Activate("n1", "warm spare activated: fill the target"),
+        Launch(2, "reach target 3", standby=1),
+    ]
 
 
 def test_spares_no_longer_wanted_are_terminated_most_expensive_first() -> None:
@@ -151,8 +180,10 @@ def test_unfinished_launch_fills_the_target_before_the_spares() -> None:
 
 def test_a_finished_job_launches_nothing_and_lets_its_spares_go() -> None:
     nodes = _nodes({"finished": True}, {"finished": True}, {"gone": True}, {"standby": True})
-    assert plan(S, Observed(nodes)) == [CloseLedger("n2", "the provider reports the VM gone"),
-                                        Terminate("n3", "training finished: the spare is no longer needed")]
+    assert plan(S, Observed(nodes)) == [
+        CloseLedger("n2", "the provider reports the VM gone"),
+        Terminate("n3", "training finished: the spare is no longer needed"),
+    ]
     # Without the finished report the same cluster would activate the spare and launch a new one.
     busy = _nodes({}, {}, {"gone": True}, {"standby": True})
     assert [type(a).__name__ for a in plan(S, Observed(busy))] == ["CloseLedger", "Activate", "Launch"]

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from spotrun.errors import ProviderError
-from spotrun.client.prices import PriceRow, list_prices, render, to_json
 from spotrun.providers import get_provider
+
+from spotrun.client.prices import PriceRow, list_prices, render, to_json
+from spotrun.errors import ProviderError
 
 
 @pytest.fixture(autouse=True)

@@ -69,7 +69,10 @@ def test_quickstart_contents() -> None:
     assert recipe.workdir == (REPO / "recipes" / "quickstart").resolve()
     assert recipe.workdir.is_absolute() and (recipe.workdir / "train.py").is_file()
     assert recipe.checkpoint is not None and recipe.checkpoint.every_steps == 20
-    assert recipe.resources[0].prices is not None and recipe.resources[0].prices.spot < recipe.resources[0].prices.on_demand
+    assert (
+        recipe.resources[0].prices is not None
+        and recipe.resources[0].prices.spot < recipe.resources[0].prices.on_demand
+    )
     assert recipe.chaos is not None and recipe.chaos.preempt
     assert recipe.env["OMP_NUM_THREADS"] == "1"
 
@@ -102,7 +105,10 @@ def test_accelerators_and_env_coercion(tmp_path: Path) -> None:
     )
     text += "env:\n  A: 1\n  B: true\n  C: 0.5\n  D: text\n"
     recipe = load_recipe(write(tmp_path, text))
-    assert [(r.accelerators.name, r.accelerators.count) for r in recipe.resources if r.accelerators] == [("T4", 1), ("H100", 2)]
+    assert [(r.accelerators.name, r.accelerators.count) for r in recipe.resources if r.accelerators] == [
+        ("T4", 1),
+        ("H100", 2),
+    ]
     assert recipe.env == {"A": "1", "B": "true", "C": "0.5", "D": "text"}
 
 
@@ -132,7 +138,10 @@ def test_round_trip_full(tmp_path: Path) -> None:
       tls: {ca: certs/ca.pem, cert: certs/c.pem, key: certs/k.pem}
     """
     recipe = load_recipe(write(tmp_path, text))
-    assert recipe.control_plane.tls is not None and recipe.control_plane.tls.ca == (tmp_path / "certs" / "ca.pem").resolve()
+    assert (
+        recipe.control_plane.tls is not None
+        and recipe.control_plane.tls.ca == (tmp_path / "certs" / "ca.pem").resolve()
+    )
     data = json.loads(recipe.to_json())
     assert data["resources"][0]["accelerators"] == {"name": "A100", "count": 8}
     assert Recipe.from_json(recipe.to_json()) == recipe
@@ -153,7 +162,9 @@ def test_unknown_key_lists_allowed_keys(tmp_path: Path) -> None:
 
 def test_unknown_key_in_list_item(tmp_path: Path) -> None:
     text = GOOD.replace("    instance_type: cpu-small\n", "    instance_type: cpu-small\n    instance_typo: x\n")
-    assert problems(tmp_path, text) == ["F:5:5: resources[0].instance_typo: unknown key 'instance_typo' (did you mean 'instance_type'?)"]
+    assert problems(tmp_path, text) == [
+        "F:5:5: resources[0].instance_typo: unknown key 'instance_typo' (did you mean 'instance_type'?)"
+    ]
 
 
 def test_missing_field_points_at_parent(tmp_path: Path) -> None:
@@ -183,8 +194,12 @@ def test_yaml_boolean_where_string_expected(tmp_path: Path) -> None:
 
 
 def test_mapping_instead_of_list(tmp_path: Path) -> None:
-    text = GOOD.replace("  - provider: local\n    instance_type: cpu-small\n", "  provider: local\n  instance_type: cpu-small\n")
-    assert problems(tmp_path, text) == ["F:2:1: resources: expected a list, got a mapping (start each list item with '- ')"]
+    text = GOOD.replace(
+        "  - provider: local\n    instance_type: cpu-small\n", "  provider: local\n  instance_type: cpu-small\n"
+    )
+    assert problems(tmp_path, text) == [
+        "F:2:1: resources: expected a list, got a mapping (start each list item with '- ')"
+    ]
 
 
 def test_scalar_instead_of_mapping(tmp_path: Path) -> None:
@@ -211,7 +226,9 @@ def test_bad_names(tmp_path: Path) -> None:
     assert problems(tmp_path, GOOD.replace("name: demo", f"name: {long}")) == [
         f"F:1:7: name: name '{long}' is 41 characters long; at most 40 are allowed ({hint})"
     ]
-    assert problems(tmp_path, GOOD.replace("name: demo", "name: 42")) == [f"F:1:7: name: expected a string, got 42 ({hint})"]
+    assert problems(tmp_path, GOOD.replace("name: demo", "name: 42")) == [
+        f"F:1:7: name: expected a string, got 42 ({hint})"
+    ]
 
 
 def test_bad_env_key_points_at_key(tmp_path: Path) -> None:
@@ -307,7 +324,9 @@ def test_checkpoint_needs_an_interval(tmp_path: Path) -> None:
 
 
 def test_budget_needs_a_cap(tmp_path: Path) -> None:
-    assert problems(tmp_path, GOOD + "budget: {}\n") == ["F:9:1: budget: needs max_per_hour or max_total (or both) (remove budget for no cap)"]
+    assert problems(tmp_path, GOOD + "budget: {}\n") == [
+        "F:9:1: budget: needs max_per_hour or max_total (or both) (remove budget for no cap)"
+    ]
 
 
 def test_zone_must_be_in_region(tmp_path: Path) -> None:
@@ -331,7 +350,10 @@ def test_external_control_plane_needs_endpoints(tmp_path: Path) -> None:
 
 
 def test_endpoint_forms(tmp_path: Path) -> None:
-    text = GOOD + 'control_plane:\n  mode: external\n  endpoints: [ftp://x:1, "x:99999", nohost, "h:2379", "https://[::1]:2379"]\n'
+    text = (
+        GOOD
+        + 'control_plane:\n  mode: external\n  endpoints: [ftp://x:1, "x:99999", nohost, "h:2379", "https://[::1]:2379"]\n'
+    )
     hint = "(write host:port or https://host:port, e.g. 10.0.0.5:2379)"
     assert problems(tmp_path, text) == [
         "F:11:15: control_plane.endpoints[0]: endpoint 'ftp://x:1' has scheme 'ftp' (use https:// or http://, or no scheme)",
@@ -349,7 +371,9 @@ def test_tls_files_must_exist(tmp_path: Path) -> None:
     ]
     (tmp_path / "c.pem").write_text("x")
     text = GOOD + "control_plane:\n  mode: external\n  endpoints: [h:1]\n  tls: {ca: ca.pem, cert: c.pem}\n"
-    assert problems(tmp_path, text) == ["F:12:27: control_plane.tls.cert: tls.cert and tls.key go together; tls.key is missing"]
+    assert problems(tmp_path, text) == [
+        "F:12:27: control_plane.tls.cert: tls.cert and tls.key go together; tls.key is missing"
+    ]
 
 
 def test_chaos_only_with_local_provider(tmp_path: Path) -> None:
@@ -371,7 +395,9 @@ def test_chaos_events(tmp_path: Path) -> None:
     assert problems(tmp_path, text) == [
         "F:11:21: chaos.preempt[0].node: chaos.preempt[0].node (2) must be < nodes.max (2) (nodes are numbered from 0)"
     ]
-    recipe = load_recipe(write(tmp_path, GOOD + "chaos:\n  preempt:\n    - {at: 5, node: 1, notice: 0}\n    - {at: 6}\n"))
+    recipe = load_recipe(
+        write(tmp_path, GOOD + "chaos:\n  preempt:\n    - {at: 5, node: 1, notice: 0}\n    - {at: 6}\n")
+    )
     assert recipe.chaos is not None
     assert [(e.at, e.node, e.notice) for e in recipe.chaos.preempt] == [(5, 1, 0), (6, "random", 30)]
 
@@ -398,8 +424,12 @@ def test_empty_file(tmp_path: Path, text: str) -> None:
 
 def test_not_a_mapping(tmp_path: Path) -> None:
     hint = "(a recipe is a mapping with at least name, resources and run; see recipes/quickstart.yaml)"
-    assert problems(tmp_path, "# c\n- a\n- b\n") == [f"F:2:1: a recipe must be a mapping of keys to values, got a list {hint}"]
-    assert problems(tmp_path, "just text\n") == [f"F:1:1: a recipe must be a mapping of keys to values, got the value 'just text' {hint}"]
+    assert problems(tmp_path, "# c\n- a\n- b\n") == [
+        f"F:2:1: a recipe must be a mapping of keys to values, got a list {hint}"
+    ]
+    assert problems(tmp_path, "just text\n") == [
+        f"F:1:1: a recipe must be a mapping of keys to values, got the value 'just text' {hint}"
+    ]
 
 
 def test_multiple_documents(tmp_path: Path) -> None:
@@ -413,7 +443,9 @@ def test_duplicate_key(tmp_path: Path) -> None:
         "F:9:1: name: duplicate key 'name' (first defined at line 1, column 1; remove one of them)"
     ]
     text = GOOD.replace("  max: 2\n", "  max: 2\n  min: 1\n")
-    assert problems(tmp_path, text) == ["F:8:3: nodes.min: duplicate key 'min' (first defined at line 6, column 3; remove one of them)"]
+    assert problems(tmp_path, text) == [
+        "F:8:3: nodes.min: duplicate key 'min' (first defined at line 6, column 3; remove one of them)"
+    ]
 
 
 def test_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
@@ -450,7 +482,9 @@ def test_recursive_alias(tmp_path: Path) -> None:
 def test_missing_file_and_directory(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     (check,) = check_files([missing])
-    assert check.problems == [f"{missing}:1:1: file not found (check the path; recipes are YAML files such as recipes/quickstart.yaml)"]
+    assert check.problems == [
+        f"{missing}:1:1: file not found (check the path; recipes are YAML files such as recipes/quickstart.yaml)"
+    ]
     assert check.recipe is None and not check.ok
     (check,) = check_files([tmp_path])
     assert check.problems == [f"{tmp_path}:1:1: is a directory, not a recipe file (pass the path of a .yaml file)"]
@@ -459,13 +493,17 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
 def test_non_utf8(tmp_path: Path) -> None:
     path = tmp_path / "r.yaml"
     path.write_bytes(b"name: ok\nrun: caf\xe9\n")
-    assert check_file(path).problems == [f"{path}:2:9: file is not valid UTF-8 (byte 0xe9) (save the recipe as UTF-8 text)"]
+    assert check_file(path).problems == [
+        f"{path}:2:9: file is not valid UTF-8 (byte 0xe9) (save the recipe as UTF-8 text)"
+    ]
 
 
 def test_control_character(tmp_path: Path) -> None:
     path = tmp_path / "r.yaml"
     path.write_text("name: ok\nrun: a\x01b\n")
-    assert check_file(path).problems == [f"{path}:2:7: invalid YAML: unacceptable character #x0001 (remove control characters from the file)"]
+    assert check_file(path).problems == [
+        f"{path}:2:7: invalid YAML: unacceptable character #x0001 (remove control characters from the file)"
+    ]
 
 
 def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -473,12 +511,15 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     if os.geteuid() != 0:  # a real permission error; root reads any file, so fake it there
         path.chmod(0)
     else:
+
         def deny(self: Path) -> bytes:
             raise PermissionError(13, "Permission denied", str(self))
 
         monkeypatch.setattr(Path, "read_bytes", deny)
     try:
-        assert check_file(path).problems == [f"{path}:1:1: cannot read file: permission denied (check the file's permissions)"]
+        assert check_file(path).problems == [
+            f"{path}:1:1: cannot read file: permission denied (check the file's permissions)"
+        ]
     finally:
         path.chmod(0o644)
 
@@ -510,7 +551,9 @@ def test_cli_validate_bad(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 @pytest.mark.parametrize(
-    "content", [b"", b"- a\n", b"a: [\n", b"\xff\xfe", b"a: 1\n---\nb: 2\n", b"a: &x [*x]\n"], ids=["empty", "list", "syntax", "binary", "multi", "recursive"]
+    "content",
+    [b"", b"- a\n", b"a: [\n", b"\xff\xfe", b"a: 1\n---\nb: 2\n", b"a: &x [*x]\n"],
+    ids=["empty", "list", "syntax", "binary", "multi", "recursive"],
 )
 def test_cli_never_shows_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes) -> None:
     path = tmp_path / "r.yaml"
@@ -544,7 +587,10 @@ def test_validate_imports_stay_light() -> None:
         "bad=[m for m in ('torch','paramiko','libcloud','textual','pyetcd') if m in sys.modules]; assert not bad, bad; sys.exit(rc)"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, str(REPO / "recipes" / "quickstart.yaml")], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, str(REPO / "recipes" / "quickstart.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
 
@@ -555,7 +601,11 @@ def test_quickstart_train_script_runs_under_torchrun(tmp_path: Path) -> None:
     script = REPO / "recipes" / "quickstart" / "train.py"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     result = subprocess.run(
-        [*command, str(script), "--steps", "20", "--log-every", "10"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [*command, str(script), "--steps", "20", "--log-every", "10"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]

@@ -15,15 +15,20 @@ pytest.importorskip("moto.server")
 pytest.importorskip("libcloud")
 torch = pytest.importorskip("torch")
 
+from spotrun.providers.storage import open_store  # noqa: E402
+
 from spotrun.elastic.checkpoint import files as checkpoint
 from spotrun.elastic.checkpoint import remote as remote_checkpoint  # noqa: E402
-from spotrun.providers.storage import open_store  # noqa: E402
 
 
 @pytest.fixture
 def env(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
-              "SPOTRUN_S3_ENDPOINT_URL": moto_url}
+    values = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "SPOTRUN_S3_ENDPOINT_URL": moto_url,
+    }
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
@@ -44,7 +49,7 @@ def _save(value):
 
 def _objects(url: str) -> list[str]:
     store, prefix = open_store(url)
-    return sorted(n[len(prefix) + 1:] for n in store.names(prefix + "/"))
+    return sorted(n[len(prefix) + 1 :] for n in store.names(prefix + "/"))
 
 
 def test_round_trip_and_module_choice(url: str) -> None:
@@ -75,8 +80,8 @@ def test_corrupt_newest_and_partial_upload_fall_back_with_warning(url: str, tmp_
     store, prefix = open_store(url)
     garbage = tmp_path / "garbage"
     garbage.write_bytes(b"garbage")
-    store.put_file(f"{prefix}/step-000000020/{newest.state}", garbage)          # corrupted in place
-    store.put_file(f"{prefix}/step-000000030/state-deadbeef.pt", garbage)       # a writer died before its manifest
+    store.put_file(f"{prefix}/step-000000020/{newest.state}", garbage)  # corrupted in place
+    store.put_file(f"{prefix}/step-000000030/state-deadbeef.pt", garbage)  # a writer died before its manifest
     warnings: list[str] = []
     found = remote_checkpoint.newest_valid(url, warn=warnings.append)
     assert found is not None and found.step == 10
@@ -122,11 +127,13 @@ print(json.dumps({"step": m.step, "world_size": m.world_size, "samples_seen": m.
 
 def test_checkpoint_written_by_one_process_is_resumed_by_a_fresh_one(url: str, env: dict[str, str]) -> None:
     child_env = {**os.environ, **env}
-    wrote = subprocess.run([sys.executable, "-c", WRITER, url], env=child_env, capture_output=True, text=True,
-                           timeout=120)
+    wrote = subprocess.run(
+        [sys.executable, "-c", WRITER, url], env=child_env, capture_output=True, text=True, timeout=120
+    )
     assert wrote.returncode == 0, wrote.stderr
-    resumed = subprocess.run([sys.executable, "-c", RESUMER, url], env=child_env, capture_output=True, text=True,
-                             timeout=120)
+    resumed = subprocess.run(
+        [sys.executable, "-c", RESUMER, url], env=child_env, capture_output=True, text=True, timeout=120
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout) == {"step": 42, "world_size": 4, "samples_seen": 4200, "w": [7.0, 7.0, 7.0]}
 

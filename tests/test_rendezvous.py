@@ -18,8 +18,8 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousStateError,
 )
 
-from spotrun.state import store as store_mod
 from spotrun.elastic import rendezvous as rdzv
+from spotrun.state import store as store_mod
 
 
 @pytest.fixture
@@ -29,9 +29,18 @@ def backend(store: store_mod.Store, cluster: str) -> Iterator[rdzv.EtcdRendezvou
     b.close()
 
 
-def _params(endpoint: str, cluster: str, node: str, min_nodes: int = 1, max_nodes: int = 3, **conf: str) -> RendezvousParameters:
-    conf = {"cluster": cluster, "node": node, "last_call_timeout": "10", "keep_alive_interval": "1",
-            "keep_alive_max_attempt": "5", "join_timeout": "30", **conf}
+def _params(
+    endpoint: str, cluster: str, node: str, min_nodes: int = 1, max_nodes: int = 3, **conf: str
+) -> RendezvousParameters:
+    conf = {
+        "cluster": cluster,
+        "node": node,
+        "last_call_timeout": "10",
+        "keep_alive_interval": "1",
+        "keep_alive_max_attempt": "5",
+        "join_timeout": "30",
+        **conf,
+    }
     return RendezvousParameters("spotrun-etcd", endpoint, "run1", min_nodes, max_nodes, "127.0.0.1", **conf)
 
 
@@ -57,7 +66,7 @@ def _join_all(hs: list[rdzv.SpotrunRendezvousHandler], timeout: float = 20) -> d
         try:
             info = h.next_rendezvous()
             out[h.node_id] = (info.rank, info.world_size)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=go, args=(h,)) for h in hs]

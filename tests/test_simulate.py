@@ -18,12 +18,23 @@ from pathlib import Path
 import pytest
 
 from spotrun.errors import SpotrunError
-from spotrun.simulate.engine import (DEFAULT_FIGURES, Figures, load_figures, record_figures, render_table, run_simulation,
-                              steps_from_run, terminal_chart, to_json, write_chart)
+from spotrun.simulate.engine import (
+    DEFAULT_FIGURES,
+    Figures,
+    load_figures,
+    record_figures,
+    render_table,
+    run_simulation,
+    steps_from_run,
+    terminal_chart,
+    to_json,
+    write_chart,
+)
 from spotrun.simulate.traces import Trace
 
-FIGURES = Figures(recovery_notice_s=2.0, recovery_hard_kill_s=4.0, scale_up_s=3.0, bootstrap_s=5.0,
-                  checkpoint_s=0.0, step_s=2.0)
+FIGURES = Figures(
+    recovery_notice_s=2.0, recovery_hard_kill_s=4.0, scale_up_s=3.0, bootstrap_s=5.0, checkpoint_s=0.0, step_s=2.0
+)
 
 # One node of two drops at tick 3 (t = 30 s) for 2 ticks, then capacity stays at 2.
 DIP = Trace(10.0, (2, 2, 2, 1, 1) + (2,) * 30, "dip")
@@ -39,8 +50,10 @@ RESOURCE = """\
 def recipe(tmp_path: Path, *, spot=(0.36,), extra: str = "") -> Path:
     resources = "".join(RESOURCE.format(type=f"cpu-{i}", spot=price) for i, price in enumerate(spot))
     path = tmp_path / "sim.yaml"
-    path.write_text(f"name: sim\nresources:\n{resources}nodes: {{min: 1, max: 2, target: 2}}\n"
-                    f"run: python train.py --steps 100\ncheckpoint: {{every_steps: 10}}\n{extra}")
+    path.write_text(
+        f"name: sim\nresources:\n{resources}nodes: {{min: 1, max: 2, target: 2}}\n"
+        f"run: python train.py --steps 100\ncheckpoint: {{every_steps: 10}}\n{extra}"
+    )
     return path
 
 
@@ -219,8 +232,7 @@ def test_figures_file_overrides_and_sources(tmp_path: Path, monkeypatch: pytest.
 
 def test_figures_from_a_file_drive_the_simulation(tmp_path: Path) -> None:
     (tmp_path / "figures.json").write_text(json.dumps(FIGURES.to_dict()))
-    result = run_simulation(recipe(tmp_path), [DIP], ["spotrun"], figures_file=tmp_path / "figures.json",
-                            notice_s=5.0)
+    result = run_simulation(recipe(tmp_path), [DIP], ["spotrun"], figures_file=tmp_path / "figures.json", notice_s=5.0)
     assert result.policy("spotrun").time_s == pytest.approx(121.5)
     assert result.figure_sources["step_s"] == str(tmp_path / "figures.json")
 

@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 
 from spotrun.errors import SpotrunError
-from spotrun.simulate.traces import (ReplayEvent, Trace, drought_trace, gcp_24h_trace, load_trace, parse_trace_spec,
-                            poisson_trace, trace_events)
+from spotrun.simulate.traces import (
+    ReplayEvent,
+    Trace,
+    drought_trace,
+    gcp_24h_trace,
+    load_trace,
+    parse_trace_spec,
+    poisson_trace,
+    trace_events,
+)
 
 REAL = Path("/work/shared/traces/aws-4node-v100-us-east-1f.json")
 DATA = Path(__file__).parent / "data" / "traces"
@@ -28,14 +36,17 @@ def test_loads_the_real_aws_trace() -> None:
     assert trace.gap_seconds == 300 and set(trace.data) <= {0, 1, 2, 3, 4} and len(trace.data) > 3000
 
 
-@pytest.mark.parametrize("text, message", [
-    ("not json", "is not JSON"),
-    ('{"data": [1]}', "not in the spot-traces format"),
-    ('{"metadata": {"gap_seconds": "5"}, "data": [1]}', "gap_seconds must be a number"),
-    ('{"metadata": {"gap_seconds": 0}, "data": [1]}', "gap_seconds must be a positive number"),
-    ('{"metadata": {"gap_seconds": 5}, "data": []}', "has no data"),
-    ('{"metadata": {"gap_seconds": 5}, "data": [1, -1]}', r"data\[1\] must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("not json", "is not JSON"),
+        ('{"data": [1]}', "not in the spot-traces format"),
+        ('{"metadata": {"gap_seconds": "5"}, "data": [1]}', "gap_seconds must be a number"),
+        ('{"metadata": {"gap_seconds": 0}, "data": [1]}', "gap_seconds must be a positive number"),
+        ('{"metadata": {"gap_seconds": 5}, "data": []}', "has no data"),
+        ('{"metadata": {"gap_seconds": 5}, "data": [1, -1]}', r"data\[1\] must be an integer >= 0"),
+    ],
+)
 def test_bad_trace_files_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "t.json"
     path.write_text(text)
@@ -50,8 +61,10 @@ def test_replay_events_by_hand() -> None:
     # 1 s earlier; back to 3 at tick 4 (12 s); all gone at tick 5 (15 s).
     trace = Trace(300, (4, 4, 1, 1, 4, 0))
     assert trace_events(trace, 0.01, 3, notice_s=1.0) == [
-        ReplayEvent(5.0, "preempt", 2, 1.0), ReplayEvent(12.0, "restore", 2, 0.0),
-        ReplayEvent(14.0, "preempt", 3, 1.0)]
+        ReplayEvent(5.0, "preempt", 2, 1.0),
+        ReplayEvent(12.0, "restore", 2, 0.0),
+        ReplayEvent(14.0, "preempt", 3, 1.0),
+    ]
     # A drop at the very start cannot be announced before 0: the notice shrinks.
     assert trace_events(Trace(10, (2, 0)), 0.1, 2, notice_s=5.0) == [ReplayEvent(0.0, "preempt", 2, 1.0)]
     assert trace_events(Trace(10, (1,)), 1.0, 2) == [ReplayEvent(0.0, "preempt", 1, 0.0)]

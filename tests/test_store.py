@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
+from spotrun.errors import ControlPlaneError
 from spotrun.state import etcd_server as etcd_mod
 from spotrun.state import store as store_mod
-from spotrun.errors import ControlPlaneError
 from spotrun.state.records import (
     CheckpointRecord,
     Event,
@@ -35,9 +35,20 @@ def _wait(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
 
 
 def _node(cluster: str, node_id: str, state: NodeState = NodeState.RUNNING) -> NodeRecord:
-    return NodeRecord(id=node_id, cluster=cluster, provider="local", zone="local-a", instance_type="cpu-2",
-                      price_per_hour=0.1, on_demand_per_hour=0.4, ip="127.0.0.1", ssh_port=2222, state=state,
-                      launched_at=1700000000.0, extra={"vm_root": "/tmp/x"})
+    return NodeRecord(
+        id=node_id,
+        cluster=cluster,
+        provider="local",
+        zone="local-a",
+        instance_type="cpu-2",
+        price_per_hour=0.1,
+        on_demand_per_hour=0.4,
+        ip="127.0.0.1",
+        ssh_port=2222,
+        state=state,
+        launched_at=1700000000.0,
+        extra={"vm_root": "/tmp/x"},
+    )
 
 
 # --- records -------------------------------------------------------------------------------
@@ -142,7 +153,9 @@ def test_clusters_list_and_delete(store: Store, cluster: str) -> None:
 # --- events -------------------------------------------------------------------------------
 
 
-def test_events_seq_monotonic_under_concurrent_writers(store: Store, etcd_server: etcd_mod.EtcdProcess, cluster: str) -> None:
+def test_events_seq_monotonic_under_concurrent_writers(
+    store: Store, etcd_server: etcd_mod.EtcdProcess, cluster: str
+) -> None:
     writers, per_writer = 6, 15
     got: list[Event] = []
     lock = threading.Lock()

@@ -17,12 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from spotrun.state import clusterfile
-from spotrun.state import etcd_server
-from spotrun.errors import ControlPlaneError
-from spotrun.state.store import connect
 from test_training_e2e import SCRIPTS, Job
+
+from spotrun.errors import ControlPlaneError
+from spotrun.state import clusterfile, etcd_server
+from spotrun.state.store import connect
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +56,16 @@ def _write_pki(directory: Path) -> None:
     def issue(name: str, issuer_key, issuer_name, *, ca: bool = False, usage=None, san=None):
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name or subject)
-                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer_name or subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
         if usage:
             builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
         if san:
@@ -70,13 +75,24 @@ def _write_pki(directory: Path) -> None:
 
     def save(stem: str, key, cert) -> None:
         (directory / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        (directory / f"{stem}-key.pem").write_bytes(key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        (directory / f"{stem}-key.pem").write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
 
     ca_key, ca_cert = issue("spotrun-test-ca", None, None, ca=True)
     save("ca", ca_key, ca_cert)
-    save("server", *issue("127.0.0.1", ca_key, ca_cert.subject, usage=[ExtendedKeyUsageOID.SERVER_AUTH],
-                          san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]))
+    save(
+        "server",
+        *issue(
+            "127.0.0.1",
+            ca_key,
+            ca_cert.subject,
+            usage=[ExtendedKeyUsageOID.SERVER_AUTH],
+            san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+        ),
+    )
     save("client", *issue("spotrun-client", ca_key, ca_cert.subject, usage=[ExtendedKeyUsageOID.CLIENT_AUTH]))
 
 
@@ -88,20 +104,45 @@ def tls_etcd(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     port, peer = etcd_server.free_port(), etcd_server.free_port()
     binary, _ = etcd_server.checked_binary()
     log = (tmp_path / "etcd.log").open("wb")
-    proc = subprocess.Popen([
-        str(binary), "--name", "tls", "--data-dir", str(tmp_path / "etcd-data"),
-        "--listen-client-urls", f"https://127.0.0.1:{port}", "--advertise-client-urls", f"https://127.0.0.1:{port}",
-        "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-        "--initial-cluster", f"tls=http://127.0.0.1:{peer}",
-        "--cert-file", str(pki / "server.pem"), "--key-file", str(pki / "server-key.pem"),
-        "--client-cert-auth", "--trusted-ca-file", str(pki / "ca.pem"),
-    ], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            str(binary),
+            "--name",
+            "tls",
+            "--data-dir",
+            str(tmp_path / "etcd-data"),
+            "--listen-client-urls",
+            f"https://127.0.0.1:{port}",
+            "--advertise-client-urls",
+            f"https://127.0.0.1:{port}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer}",
+            "--initial-cluster",
+            f"tls=http://127.0.0.1:{peer}",
+            "--cert-file",
+            str(pki / "server.pem"),
+            "--key-file",
+            str(pki / "server-key.pem"),
+            "--client-cert-auth",
+            "--trusted-ca-file",
+            str(pki / "ca.pem"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
             try:
-                connect([f"https://127.0.0.1:{port}"], ca=str(pki / "ca.pem"), cert=str(pki / "client.pem"),
-                        key=str(pki / "client-key.pem"), timeout=1).close()
+                connect(
+                    [f"https://127.0.0.1:{port}"],
+                    ca=str(pki / "ca.pem"),
+                    cert=str(pki / "client.pem"),
+                    key=str(pki / "client-key.pem"),
+                    timeout=1,
+                ).close()
                 break
             except ControlPlaneError:
                 assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "etcd.log").read_text()[-2000:]
@@ -113,8 +154,9 @@ def tls_etcd(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         log.close()
 
 
-def test_vms_reach_a_tls_etcd_with_the_shipped_certificates(tls_etcd, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vms_reach_a_tls_etcd_with_the_shipped_certificates(
+    tls_etcd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from spotrun.client.down import down
 
     port, pki = tls_etcd

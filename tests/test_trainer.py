@@ -37,14 +37,38 @@ class Group:
         self.controls = [tmp / f"control-{r}.json" for r in range(world)]
         self.procs = []
         for rank in range(world):
-            env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                   "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "SPOTRUN_CHECKPOINT_DIR": str(tmp / "ckpt"),
-                   "SPOTRUN_CONTROL_FILE": str(self.controls[rank]), "SPOTRUN_PROGRESS_FILE": str(tmp / f"progress-{rank}.json"),
-                   "SPOTRUN_COLLECTIVE_TIMEOUT_S": "30", "OMP_NUM_THREADS": "1"}
+            env = {
+                **os.environ,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": "0",
+                "SPOTRUN_CHECKPOINT_DIR": str(tmp / "ckpt"),
+                "SPOTRUN_CONTROL_FILE": str(self.controls[rank]),
+                "SPOTRUN_PROGRESS_FILE": str(tmp / f"progress-{rank}.json"),
+                "SPOTRUN_COLLECTIVE_TIMEOUT_S": "30",
+                "OMP_NUM_THREADS": "1",
+            }
             with open(self.logs[rank], "w") as out:
-                self.procs.append(subprocess.Popen([sys.executable, str(SCRIPT), "--steps", str(steps), "--batch",
-                                                    str(BATCH), "--samples", str(SAMPLES)], env=env, stdout=out,
-                                                   stderr=subprocess.STDOUT, start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            str(SCRIPT),
+                            "--steps",
+                            str(steps),
+                            "--batch",
+                            str(BATCH),
+                            "--samples",
+                            str(SAMPLES),
+                        ],
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
 
     def steps(self, rank: int) -> list[int]:
         return [int(line.split()[1]) for line in self.logs[rank].read_text().splitlines() if line.startswith("STEP ")]

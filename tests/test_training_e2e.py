@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from spotrun.state import clusterfile
 from spotrun.controller.bootstrap import QuietReporter
 from spotrun.controller.daemon import stop_daemon
 from spotrun.controller.loop import Controller
+from spotrun.state import clusterfile
 from spotrun.state.control_plane import connect_recipe
 
 pytestmark = pytest.mark.slow
@@ -68,8 +68,12 @@ class Job:
         return sorted(rows)
 
     def losses(self) -> list[float]:
-        return [float(line.split()[9]) for log in self.logs() for line in log.read_text(errors="replace").splitlines()
-                if line.startswith("STEP ") and line.split()[5] == "0"]
+        return [
+            float(line.split()[9])
+            for log in self.logs()
+            for line in log.read_text(errors="replace").splitlines()
+            if line.startswith("STEP ") and line.split()[5] == "0"
+        ]
 
     def wait(self, check, timeout: float = 90.0, what: str = "condition") -> None:
         deadline = time.monotonic() + timeout
@@ -94,8 +98,11 @@ class Job:
         return newest.stem
 
     def _rank0(self, log: Path) -> list[tuple[float, int, int]]:
-        return [(float(p[7]), int(p[1]), int(p[3])) for p in (line.split() for line in log.read_text().splitlines()
-                                                               if line.startswith("STEP ")) if p[5] == "0"]
+        return [
+            (float(p[7]), int(p[1]), int(p[3]))
+            for p in (line.split() for line in log.read_text().splitlines() if line.startswith("STEP "))
+            if p[5] == "0"
+        ]
 
 
 @pytest.fixture
@@ -111,8 +118,9 @@ def job_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
 
     def make(name: str, *, target: int = 3, steps: int = 300, delay: float = 0.03) -> Job:
         recipe = tmp_path / f"{name}.yaml"
-        recipe.write_text(RECIPE.format(name=name, target=target, steps=steps, delay=delay,
-                                        endpoint=etcd_server.endpoint))
+        recipe.write_text(
+            RECIPE.format(name=name, target=target, steps=steps, delay=delay, endpoint=etcd_server.endpoint)
+        )
         job = Job(home, name, recipe)
         jobs.append(job)
         return job
@@ -207,14 +215,20 @@ def test_up_attach_streams_events_until_the_job_finishes(job_factory) -> None:
     import sys
 
     job = job_factory("e2e-attach", target=2, steps=40, delay=0.01)
-    result = subprocess.run([sys.executable, "-m", "spotrun", "up", str(job.recipe), "--attach"], capture_output=True,
-                            text=True, timeout=180, env={**os.environ, "NO_COLOR": "1"})
+    result = subprocess.run(
+        [sys.executable, "-m", "spotrun", "up", str(job.recipe), "--attach"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     finished = [line for line in result.stdout.splitlines() if " finished " in line]
     assert len(finished) == 2 and "training job finished" in finished[-1]
     assert job.finished(40)
-    logs = subprocess.run([sys.executable, "-m", "spotrun", "logs", job.name, "-n", "200"], capture_output=True,
-                          text=True, timeout=60)
+    logs = subprocess.run(
+        [sys.executable, "-m", "spotrun", "logs", job.name, "-n", "200"], capture_output=True, text=True, timeout=60
+    )
     assert logs.returncode == 0, logs.stderr
     prefixed = [line for line in logs.stdout.splitlines() if line.startswith("[e2e-attach-") and " STEP 40 " in line]
     assert prefixed, logs.stdout[-1500:]

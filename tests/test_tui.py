@@ -15,16 +15,30 @@ import time
 from pathlib import Path
 
 import pytest
-
-from spotrun.state.records import (CheckpointRecord, Event, LedgerSegment, NodeRecord, NodeState, Notice, Progress, encode)
-from spotrun.state.store import Store, connect, key
 from spotrun.tui.app import SpotrunApp
 from spotrun.tui.screens import ConfirmScreen
 from spotrun.tui.widgets import WorkersTable
 
+from spotrun.state.records import (
+    CheckpointRecord,
+    Event,
+    LedgerSegment,
+    NodeRecord,
+    NodeState,
+    Notice,
+    Progress,
+    encode,
+)
+from spotrun.state.store import Store, connect, key
+
 SNAPSHOTS = Path(__file__).parent / "snapshots"
-SPEC = {"name": "demo", "run": "python train.py --steps 5000", "nodes": {"min": 2, "max": 8, "target": 4},
-        "checkpoint": {"every_steps": 100}, "budget": {"max_total": 50.0}}
+SPEC = {
+    "name": "demo",
+    "run": "python train.py --steps 5000",
+    "nodes": {"min": 2, "max": 8, "target": 4},
+    "checkpoint": {"every_steps": 100},
+    "budget": {"max_total": 50.0},
+}
 
 
 def sync(fn):
@@ -38,8 +52,18 @@ def sync(fn):
 
 
 def node(cluster: str, i: int, now: float, state: NodeState = NodeState.RUNNING, zone: str = "lo-a") -> NodeRecord:
-    return NodeRecord(f"vm-{i}", cluster, "local", zone, "cpu-small", 0.12, 0.40, ip="127.0.0.1",
-                      state=state, launched_at=now - 600 * (i + 1))
+    return NodeRecord(
+        f"vm-{i}",
+        cluster,
+        "local",
+        zone,
+        "cpu-small",
+        0.12,
+        0.40,
+        ip="127.0.0.1",
+        state=state,
+        launched_at=now - 600 * (i + 1),
+    )
 
 
 def populate(store: Store, cluster: str, now: float, count: int = 4) -> None:
@@ -55,9 +79,14 @@ def populate(store: Store, cluster: str, now: float, count: int = 4) -> None:
             store.alive(cluster, n.id, ttl=30)  # vm-3's agent is gone: its row shows "running?"
     store.put_notice(cluster, Notice("vm-2", "aws", now + 45, now - 5))
     store.put_checkpoint(cluster, CheckpointRecord(1100, "/ckpt/1100", 123_456_789, "ab" * 32, now - 121))
-    for seq, (kind, message) in enumerate([("launch", "launching 4 x local cpu-small"),
-                                           ("join", "agent on vm-0 registered"),
-                                           ("notice", "vm-2: aws preemption notice, 45 s left")], start=1):
+    for seq, (kind, message) in enumerate(
+        [
+            ("launch", "launching 4 x local cpu-small"),
+            ("join", "agent on vm-0 registered"),
+            ("notice", "vm-2: aws preemption notice, 45 s left"),
+        ],
+        start=1,
+    ):
         store.put(key(cluster, "events", seq), encode(Event(seq, now - 300 + seq, kind, message)))
 
 
@@ -73,8 +102,16 @@ def screen_text(app) -> str:
     """The current screen as plain text, as a terminal would show it."""
     from rich.console import Console
 
-    console = Console(width=app.size.width, height=app.size.height, file=io.StringIO(), force_terminal=True,
-                      color_system="truecolor", record=True, legacy_windows=False, safe_box=False)
+    console = Console(
+        width=app.size.width,
+        height=app.size.height,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system="truecolor",
+        record=True,
+        legacy_windows=False,
+        safe_box=False,
+    )
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     return console.export_text()
 
@@ -106,8 +143,11 @@ async def test_rows_appear_update_and_disappear(etcd_server, store, cluster):
         await wait_for(pilot, lambda: "booting" in screen_text(app), what="booting row drawn")
 
         store.put_node(node(cluster, 7, now, NodeState.LEAVING))
-        await wait_for(pilot, lambda: any(r.id == "vm-7" and r.state == "leaving"
-                                          for r in app.query_one(WorkersTable).rows), what="row update")
+        await wait_for(
+            pilot,
+            lambda: any(r.id == "vm-7" and r.state == "leaving" for r in app.query_one(WorkersTable).rows),
+            what="row update",
+        )
         await wait_for(pilot, lambda: "leaving" in screen_text(app), what="leaving drawn")
 
         store.delete_node(cluster, "vm-0")
@@ -227,10 +267,13 @@ async def test_preempt_refused_off_the_local_provider(etcd_server, store, cluste
     store.put_node(NodeRecord("vm-0", cluster, "aws", "us-east-1a", "p4d", 9.0, 32.0, state=NodeState.RUNNING))
     app = app_for(etcd_server.endpoint, cluster)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: any(r.provider == "aws" for r in app.query_one(WorkersTable).rows), what="aws row")
+        await wait_for(
+            pilot, lambda: any(r.provider == "aws" for r in app.query_one(WorkersTable).rows), what="aws row"
+        )
         await pilot.press("p")
-        await wait_for(pilot, lambda: any("local provider only" in n.message for n in app._notifications),
-                       what="refusal shown")
+        await wait_for(
+            pilot, lambda: any("local provider only" in n.message for n in app._notifications), what="refusal shown"
+        )
         assert not isinstance(app.screen, ConfirmScreen)
         assert store.get_notice(cluster, "vm-0") is None
 
@@ -289,8 +332,9 @@ async def test_snapshot(etcd_server, size, monkeypatch):
         try:
             app = app_for(etcd_server.endpoint, SNAP_CLUSTER, clock=lambda: SNAP_NOW)
             async with app.run_test(size=size) as pilot:
-                await wait_for(pilot, lambda: len(ids(app)) >= 6 and app.query_one("#events").line_count == 3,
-                               what="state drawn")
+                await wait_for(
+                    pilot, lambda: len(ids(app)) >= 6 and app.query_one("#events").line_count == 3, what="state drawn"
+                )
                 await pilot.pause(0.3)
                 svg = app.export_screenshot(title="spotrun")
                 text = screen_text(app)

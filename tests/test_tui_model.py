@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from spotrun.tui.feed import LatestSlot
+from spotrun.tui.model import ClusterState, Snapshot, arrange, fmt_duration, total_steps
 
 from spotrun.controller import scaling
 from spotrun.errors import NotFoundError, SpotrunError
 from spotrun.state.records import CheckpointRecord, NodeRecord, NodeState, Notice, Progress, encode
 from spotrun.state.store import WatchEvent, key
-from spotrun.tui.feed import LatestSlot
-from spotrun.tui.model import ClusterState, Snapshot, arrange, fmt_duration, total_steps
 
 NOW = 1_700_000_000.0
 C = "m"
@@ -21,11 +21,32 @@ def put(state: ClusterState, k: str, value: bytes | str, rev: int) -> None:
 
 def make_state() -> ClusterState:
     s = ClusterState(C)
-    put(s, key(C, "spec"), '{"run": "python t.py --steps 1000", "checkpoint": {"every_seconds": 60},'
-                           ' "budget": {"max_per_hour": 2.0}, "nodes": {"min": 1, "max": 4}}', 1)
+    put(
+        s,
+        key(C, "spec"),
+        '{"run": "python t.py --steps 1000", "checkpoint": {"every_seconds": 60},'
+        ' "budget": {"max_per_hour": 2.0}, "nodes": {"min": 1, "max": 4}}',
+        1,
+    )
     for i, zone in enumerate(["z-b", "z-a", "z-c"]):
-        put(s, key(C, "nodes", f"n{i}"), encode(NodeRecord(f"n{i}", C, "local", zone, "t", 0.1 * (i + 1), 1.0,
-                                                           state=NodeState.RUNNING, launched_at=NOW - 100 * i)), 2 + i)
+        put(
+            s,
+            key(C, "nodes", f"n{i}"),
+            encode(
+                NodeRecord(
+                    f"n{i}",
+                    C,
+                    "local",
+                    zone,
+                    "t",
+                    0.1 * (i + 1),
+                    1.0,
+                    state=NodeState.RUNNING,
+                    launched_at=NOW - 100 * i,
+                )
+            ),
+            2 + i,
+        )
         put(s, key(C, "ledger", f"n{i}"), encode_segments(i), 10 + i)
     return s
 
@@ -33,8 +54,9 @@ def make_state() -> ClusterState:
 def encode_segments(i: int) -> str:
     import json
 
-    return json.dumps([{"node": f"n{i}", "price_per_hour": 0.5, "on_demand_per_hour": 2.0, "start": NOW - 3600,
-                        "end": None}])
+    return json.dumps(
+        [{"node": f"n{i}", "price_per_hour": 0.5, "on_demand_per_hour": 2.0, "start": NOW - 3600, "end": None}]
+    )
 
 
 def test_progress_gives_rates_eta_and_history_free_snapshot():
@@ -73,8 +95,12 @@ def test_notice_countdown_and_tone():
     put(s, key(C, "alive", "n2"), "{}", 31)
     row = {r.id: r for r in s.build(NOW).rows}["n2"]
     assert row.cells()[3] == "notice 30s" and row.tone == "notice"
-    put(s, key(C, "nodes", "n2"), encode(NodeRecord("n2", C, "local", "z-c", "t", 0.3, 1.0,
-                                                    state=NodeState.PREEMPTED)), 32)
+    put(
+        s,
+        key(C, "nodes", "n2"),
+        encode(NodeRecord("n2", C, "local", "z-c", "t", 0.3, 1.0, state=NodeState.PREEMPTED)),
+        32,
+    )
     row = {r.id: r for r in s.build(NOW).rows}["n2"]
     assert row.cells()[3] == "preempted" and row.tone == "gone"
 

@@ -9,15 +9,15 @@ import time
 import uuid
 
 import pytest
-
 from test_tui import populate
 
 pytestmark = pytest.mark.slow
 
 
 def capture(session: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def wait_screen(session: str, condition, timeout: float = 20.0) -> str:
@@ -41,9 +41,14 @@ def test_tui_in_tmux(etcd_server, store, cluster, tmp_path):
         pytest.skip("tmux is not installed")
     populate(store, cluster, time.time())
     session = f"spotrun-tui-{uuid.uuid4().hex[:8]}"
-    command = f"{sys.executable} -m spotrun.tui.app {cluster} --endpoint {etcd_server.endpoint}"  # Textual draws on stderr
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command], check=True,
-                   env={"TERM": "xterm-256color", "PATH": "/usr/bin:/bin"})
+    command = (
+        f"{sys.executable} -m spotrun.tui.app {cluster} --endpoint {etcd_server.endpoint}"  # Textual draws on stderr
+    )
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command],
+        check=True,
+        env={"TERM": "xterm-256color", "PATH": "/usr/bin:/bin"},
+    )
     try:
         screen = wait_screen(session, lambda s: "vm-3" in s and "target 4" in s)
         assert "notice 4" in screen and "1,203/5,000" in screen

@@ -9,9 +9,12 @@ the cluster's keys in a thread worker); actions go through the same core functio
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from rich.text import Text
+from spotrun.tui.feed import Feed, LatestSlot
+from spotrun.tui.model import Snapshot
+from spotrun.tui.screens import ConfirmScreen, HelpScreen, LogScreen, PickerScreen, ScaleScreen
+from spotrun.tui.widgets import Panel, WorkersTable, checkpoint_text, costs_text, title_text, training_text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -23,11 +26,6 @@ from textual.worker import get_current_worker
 
 from spotrun.errors import ControlPlaneError, SpotrunError
 from spotrun.state.store import Store, connect
-
-from spotrun.tui.feed import Feed, LatestSlot
-from spotrun.tui.model import Snapshot
-from spotrun.tui.screens import ConfirmScreen, HelpScreen, LogScreen, PickerScreen, ScaleScreen
-from spotrun.tui.widgets import Panel, WorkersTable, checkpoint_text, costs_text, title_text, training_text
 
 PREEMPT_NOTICE_S = 30.0
 
@@ -58,8 +56,16 @@ class SpotrunApp(App[None]):
 
     disconnected: reactive[bool] = reactive(False)
 
-    def __init__(self, endpoints: list[str], cluster: str | None = None, *, clock: Callable[[], float] = time.time,
-                 interval: float = 0.5, tick: float = 1.0, connect: Callable[..., Store] = connect) -> None:
+    def __init__(
+        self,
+        endpoints: list[str],
+        cluster: str | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        interval: float = 0.5,
+        tick: float = 1.0,
+        connect: Callable[..., Store] = connect,
+    ) -> None:
         super().__init__()
         self.endpoints, self.cluster = list(endpoints), cluster
         self.clock, self.interval, self.tick, self._connect = clock, interval, tick, connect
@@ -110,8 +116,14 @@ class SpotrunApp(App[None]):
 
     def _start_feed(self) -> None:
         assert self.cluster is not None
-        self.feed = Feed(self.endpoints, self.cluster, clock=self.clock, interval=self.interval, tick=self.tick,
-                         connect=self._connect)
+        self.feed = Feed(
+            self.endpoints,
+            self.cluster,
+            clock=self.clock,
+            interval=self.interval,
+            tick=self.tick,
+            connect=self._connect,
+        )
         self._watch_cluster(self.feed)
 
     @work(thread=True, exclusive=True, group="feed")
@@ -132,7 +144,8 @@ class SpotrunApp(App[None]):
         self.disconnected = not snap.connected
         if self.disconnected:
             self.query_one("#banner", Static).update(
-                f"disconnected, retrying: {snap.error or 'etcd is unreachable'} (showing the last known state)")
+                f"disconnected, retrying: {snap.error or 'etcd is unreachable'} (showing the last known state)"
+            )
         self.query_one("#title", Panel).show(title_text(snap, snap.cluster))
         self.query_one("#training-text", Panel).show(training_text(snap))
         spark = self.query_one("#spark", Sparkline)
@@ -217,20 +230,26 @@ class SpotrunApp(App[None]):
         row = self._selected()
         if row is None or self._store() is None:
             return
-        self.push_screen(ConfirmScreen(f"Drain node {row.id}? Its work moves to the other nodes, then it is "
-                                       "terminated."), lambda yes: yes and self._run_action("drain", node=row.id))
+        self.push_screen(
+            ConfirmScreen(f"Drain node {row.id}? Its work moves to the other nodes, then it is terminated."),
+            lambda yes: yes and self._run_action("drain", node=row.id),
+        )
 
     def action_preempt(self) -> None:
         row = self._selected()
         if row is None or self._store() is None:
             return
         if row.provider != "local":
-            self.notify(f"preempt works with the local provider only; {row.id} runs on {row.provider}",
-                        severity="error")
+            self.notify(
+                f"preempt works with the local provider only; {row.id} runs on {row.provider}", severity="error"
+            )
             return
-        self.push_screen(ConfirmScreen(f"Preempt node {row.id} with a {PREEMPT_NOTICE_S:.0f} s notice? "
-                                       "The VM dies at the deadline."),
-                         lambda yes: yes and self._run_action("preempt", node=row.id))
+        self.push_screen(
+            ConfirmScreen(
+                f"Preempt node {row.id} with a {PREEMPT_NOTICE_S:.0f} s notice? The VM dies at the deadline."
+            ),
+            lambda yes: yes and self._run_action("preempt", node=row.id),
+        )
 
     def action_logs(self) -> None:
         row = self._selected()
@@ -264,8 +283,9 @@ class SpotrunApp(App[None]):
             self.post_message(ActionDone(f"{what} failed: {exc}", error=True))
 
     def on_action_done(self, message: ActionDone) -> None:
-        self.notify(message.text, severity="error" if message.error else "information",
-                    timeout=8 if message.error else 4)
+        self.notify(
+            message.text, severity="error" if message.error else "information", timeout=8 if message.error else 4
+        )
 
 
 def resolve_endpoints(cluster: str | None) -> list[str]:
@@ -274,8 +294,8 @@ def resolve_endpoints(cluster: str | None) -> list[str]:
     Raises ControlPlaneError when neither is known.
     """
     if cluster:
-        from spotrun.state import clusterfile
         from spotrun.errors import NotFoundError
+        from spotrun.state import clusterfile
 
         try:
             return list(clusterfile.load(cluster).endpoints)
@@ -285,8 +305,10 @@ def resolve_endpoints(cluster: str | None) -> list[str]:
 
     info = etcd_server.status()
     if info is None:
-        raise ControlPlaneError("the embedded etcd is not running and no endpoint was given",
-                                hint="pass --endpoint http://HOST:PORT, or start a cluster with `spotrun up RECIPE`")
+        raise ControlPlaneError(
+            "the embedded etcd is not running and no endpoint was given",
+            hint="pass --endpoint http://HOST:PORT, or start a cluster with `spotrun up RECIPE`",
+        )
     return [info.endpoint]
 
 

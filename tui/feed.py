@@ -11,13 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
+
+from spotrun.tui.model import ClusterState, Snapshot
 
 from spotrun.errors import ControlPlaneError
 from spotrun.state.store import Store, WatchHandle, cluster_prefix, connect
-
-from spotrun.tui.model import ClusterState, Snapshot
 
 HISTORY_POINTS = 120
 
@@ -49,9 +49,17 @@ class Feed:
     watch resumes where it stopped when etcd returns.
     """
 
-    def __init__(self, endpoints: list[str], cluster: str, *, clock: Callable[[], float] = time.time,
-                 interval: float = 0.25, tick: float = 1.0, retry: float = 1.0,
-                 connect: Callable[..., Store] = connect) -> None:
+    def __init__(
+        self,
+        endpoints: list[str],
+        cluster: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        interval: float = 0.25,
+        tick: float = 1.0,
+        retry: float = 1.0,
+        connect: Callable[..., Store] = connect,
+    ) -> None:
         self.endpoints, self.cluster = endpoints, cluster
         self.clock, self.interval, self.tick, self.retry = clock, interval, tick, retry
         self._connect = connect

@@ -10,16 +10,30 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from spotrun.state.ledger import CostSummary, summarize
-from spotrun.state.records import CheckpointRecord, Event, LedgerSegment, NodeRecord, Notice, Progress, decode, from_dict
+from spotrun.state.records import (
+    CheckpointRecord,
+    Event,
+    LedgerSegment,
+    NodeRecord,
+    Notice,
+    Progress,
+    decode,
+    from_dict,
+)
 from spotrun.state.store import WatchEvent, cluster_prefix
 
 GONE = frozenset({"preempted", "terminated", "failed"})
-STATE_ORDER = {s: i for i, s in enumerate(
-    ["notice", "leaving", "booting", "bootstrapping", "running", "standby", "preempted", "failed", "terminated"])}
+STATE_ORDER = {
+    s: i
+    for i, s in enumerate(
+        ["notice", "leaving", "booting", "bootstrapping", "running", "standby", "preempted", "failed", "terminated"]
+    )
+}
 # A node's throughput counts towards the cluster's while its last report is this recent.
 FRESH_S = 30.0
 MAX_EVENTS = 200
@@ -47,8 +61,15 @@ class WorkerRow:
         elif self.state not in GONE and not self.alive and self.state in ("running", "standby"):
             state = "running?"  # the agent's liveness lease is gone
         rate = "-" if self.steps_per_s is None else f"{self.steps_per_s:.2f}"
-        return (self.id, f"{self.provider}/{self.zone}" if self.zone else self.provider, self.instance_type or "-",
-                state, fmt_duration(self.uptime_s), rate, f"{self.price_per_hour:.3f}")
+        return (
+            self.id,
+            f"{self.provider}/{self.zone}" if self.zone else self.provider,
+            self.instance_type or "-",
+            state,
+            fmt_duration(self.uptime_s),
+            rate,
+            f"{self.price_per_hour:.3f}",
+        )
 
     @property
     def tone(self) -> str:
@@ -138,9 +159,20 @@ class Snapshot:
 
     @classmethod
     def empty(cls, cluster: str, now: float, connected: bool = False, error: str = "") -> Snapshot:
-        return cls(cluster, now, connected, error, 0, None, (), 0,
-                   Training(None, None, 0.0, None, None, None, None),
-                   Costs(summarize([], now), None, None), Checkpoints(None, None, 0, False, False), ())
+        return cls(
+            cluster,
+            now,
+            connected,
+            error,
+            0,
+            None,
+            (),
+            0,
+            Training(None, None, 0.0, None, None, None, None),
+            Costs(summarize([], now), None, None),
+            Checkpoints(None, None, 0, False, False),
+            (),
+        )
 
 
 _PROGRESS_FIELDS = ("node", "step", "samples_per_s", "world_size", "heartbeat_at", "loss")
@@ -212,7 +244,7 @@ class ClusterState:
             self.revision = max(self.revision, event.revision)
 
     def _split(self, k: str) -> tuple[str, str]:
-        rest = k[len(self.prefix):] if k.startswith(self.prefix) else ""
+        rest = k[len(self.prefix) :] if k.startswith(self.prefix) else ""
         kind, _, item = rest.partition("/")
         return kind, item
 
@@ -285,8 +317,21 @@ class ClusterState:
             costs = Costs(summarize(segments, now), budget.get("max_per_hour"), budget.get("max_total"))
             checkpoints = self._checkpoints(now, training.step)
             events = tuple(self.events[s] for s in sorted(self.events))
-            return Snapshot(self.cluster, now, connected, error, self.revision, self.target, rows,
-                            len(self.alive & set(self.nodes)), training, costs, checkpoints, events, tuple(history))
+            return Snapshot(
+                self.cluster,
+                now,
+                connected,
+                error,
+                self.revision,
+                self.target,
+                rows,
+                len(self.alive & set(self.nodes)),
+                training,
+                costs,
+                checkpoints,
+                events,
+                tuple(history),
+            )
 
     def _row(self, n: NodeRecord, now: float) -> WorkerRow:
         notice = self.notices.get(n.id)
@@ -294,10 +339,18 @@ class ClusterState:
         fresh = progress is not None and now - progress.heartbeat_at <= FRESH_S
         state = "standby" if n.id in self.standby and n.state.value == "running" else n.state.value
         return WorkerRow(
-            n.id, n.provider, n.zone, n.instance_type, state, n.reason, n.id in self.alive,
+            n.id,
+            n.provider,
+            n.zone,
+            n.instance_type,
+            state,
+            n.reason,
+            n.id in self.alive,
             max(0.0, now - n.launched_at) if n.launched_at else None,
-            self.rates.get(n.id) if fresh else None, n.price_per_hour,
-            max(0.0, notice.deadline - now) if notice else None)
+            self.rates.get(n.id) if fresh else None,
+            n.price_per_hour,
+            max(0.0, notice.deadline - now) if notice else None,
+        )
 
     def _training(self, now: float) -> Training:
         fresh = [p for p in self.progress.values() if now - p.heartbeat_at <= FRESH_S]
@@ -307,10 +360,14 @@ class ClusterState:
         rates = [self.rates[p.node] for p in fresh if p.node in self.rates]
         rate = max(rates) if rates else None
         goal = total_steps(self.spec)
-        eta = (goal - newest.step) / rate if goal is not None and rate and goal > newest.step else (
-            0.0 if goal is not None and newest.step >= goal else None)
-        return Training(newest.step, newest.world_size, sum(p.samples_per_s for p in fresh), rate,
-                        newest.loss, goal, eta)
+        eta = (
+            (goal - newest.step) / rate
+            if goal is not None and rate and goal > newest.step
+            else (0.0 if goal is not None and newest.step >= goal else None)
+        )
+        return Training(
+            newest.step, newest.world_size, sum(p.samples_per_s for p in fresh), rate, newest.loss, goal, eta
+        )
 
     def _checkpoints(self, now: float, step: int | None) -> Checkpoints:
         if not self.checkpoints:
@@ -318,8 +375,10 @@ class ClusterState:
         latest = self.checkpoints[max(self.checkpoints)]
         age = max(0.0, now - latest.written_at)
         every = (self.spec or {}).get("checkpoint") or {}
-        stale = bool((every.get("every_seconds") and age > every["every_seconds"])
-                     or (every.get("every_steps") and step is not None and step - latest.step > every["every_steps"]))
+        stale = bool(
+            (every.get("every_seconds") and age > every["every_seconds"])
+            or (every.get("every_steps") and step is not None and step - latest.step > every["every_steps"])
+        )
         verified = bool(re.fullmatch(r"[0-9a-f]{64}", latest.sha256 or ""))
         return Checkpoints(latest, age, len(self.checkpoints), stale, verified)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from textual import work
 from textual.app import ComposeResult
@@ -64,8 +64,11 @@ class PickerScreen(Screen[str]):
         options = self.query_one("#clusters", OptionList)
         options.clear_options()
         options.add_options(message.names)
-        status.update(f"{len(message.names)} clusters in etcd" if message.names else
-                      "no cluster in etcd yet: start one with `spotrun up RECIPE` (F5 reloads)")
+        status.update(
+            f"{len(message.names)} clusters in etcd"
+            if message.names
+            else "no cluster in etcd yet: start one with `spotrun up RECIPE` (F5 reloads)"
+        )
         options.focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
@@ -118,8 +121,10 @@ class ScaleScreen(ModalScreen[int | None]):
     def compose(self) -> ComposeResult:
         span = f" ({self.limits[0]}-{self.limits[1]})" if self.limits else ""
         with Vertical(classes="dialog"):
-            yield Label(f"New target size{span}, now {self.current if self.current is not None else 'unset'}:",
-                        classes="question")
+            yield Label(
+                f"New target size{span}, now {self.current if self.current is not None else 'unset'}:",
+                classes="question",
+            )
             yield Input(str(self.current or ""), type="integer", id="target")
             yield Static("", id="scale-error")
 
@@ -134,7 +139,8 @@ class ScaleScreen(ModalScreen[int | None]):
             return
         if self.limits and not self.limits[0] <= value <= self.limits[1]:
             self.query_one("#scale-error", Static).update(
-                f"{value} is outside nodes.min..nodes.max ({self.limits[0]}-{self.limits[1]})")
+                f"{value} is outside nodes.min..nodes.max ({self.limits[0]}-{self.limits[1]})"
+            )
             return
         self.dismiss(value)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from spotrun.tui.model import COLUMNS, Snapshot, WorkerRow, arrange, fmt_bytes, fmt_count, fmt_duration
 from textual import events
 from textual.binding import Binding
 from textual.cache import LRUCache
@@ -19,8 +20,6 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
-
-from spotrun.tui.model import COLUMNS, Snapshot, WorkerRow, arrange, fmt_bytes, fmt_count, fmt_duration
 
 # Minimum widths of the columns; spare width goes to the first two.
 _WIDTHS = (12, 13, 10, 12, 7, 7, 7)
@@ -71,7 +70,9 @@ class WorkersTable(ScrollView, can_focus=True):
     def _arrange(self) -> None:
         self.rows = arrange(self._all, self.sort_column, self.sort_reverse, self.query)
         ids = [r.id for r in self.rows]
-        self._cursor = ids.index(self.selected_id) if self.selected_id in ids else min(self._cursor, max(0, len(ids) - 1))
+        self._cursor = (
+            ids.index(self.selected_id) if self.selected_id in ids else min(self._cursor, max(0, len(ids) - 1))
+        )
         if self.rows:
             self._select(self.rows[self._cursor].id)
         else:
@@ -172,8 +173,15 @@ class WorkersTable(ScrollView, can_focus=True):
         if index >= len(self.rows):
             return ("blank", self.size.width)
         row = self.rows[index]
-        return ("row", row.cells(), row.tone, index == self._cursor and self.has_focus, index == self._cursor,
-                self._widths, self.size.width)
+        return (
+            "row",
+            row.cells(),
+            row.tone,
+            index == self._cursor and self.has_focus,
+            index == self._cursor,
+            self._widths,
+            self.size.width,
+        )
 
     def _repaint_changed(self) -> None:
         """Refresh the screen lines whose key differs from what they show now."""

@@ -32,7 +32,7 @@ CATALOG: dict[str, InstanceShape] = {
     "g6.12xlarge": InstanceShape(48, 4, "L4", 4.6016),
     "g4dn.xlarge": InstanceShape(4, 1, "T4", 0.526),
     "g4dn.12xlarge": InstanceShape(48, 4, "T4", 3.912),
-    "t3.small": InstanceShape(2, 0, None, 0.0208),   # head VMs (etcd + controller)
+    "t3.small": InstanceShape(2, 0, None, 0.0208),  # head VMs (etcd + controller)
     "t3.medium": InstanceShape(2, 0, None, 0.0416),
     "m5.large": InstanceShape(2, 0, None, 0.096),
     "c5.xlarge": InstanceShape(4, 0, None, 0.17),

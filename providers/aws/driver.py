@@ -78,15 +78,32 @@ class SpotrunEC2Driver(EC2NodeDriver):
 
     connectionCls = SpotrunEC2Connection
 
-    def __init__(self, key: str, secret: str, *, region: str, token: str | None = None,
-                 endpoint_url: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        key: str,
+        secret: str,
+        *,
+        region: str,
+        token: str | None = None,
+        endpoint_url: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
         host = port = None
         secure = True
         if endpoint_url:
             parts = urlsplit(endpoint_url)
             host, port, secure = parts.hostname, parts.port, parts.scheme != "http"
-        super().__init__(key, secret, secure=secure, host=host, port=port, region=region, token=token,
-                         signature_version="4", timeout=timeout)
+        super().__init__(
+            key,
+            secret,
+            secure=secure,
+            host=host,
+            port=port,
+            region=region,
+            token=token,
+            signature_version="4",
+            timeout=timeout,
+        )
 
     def query(self, action: str, params: dict[str, str] | None = None) -> ET.Element:
         """One Query-API call; returns the response root without namespaces. Blocking.

@@ -41,11 +41,12 @@ from pathlib import Path
 from typing import Any
 from xml.etree.ElementTree import Element
 
+from spotrun.providers.aws.catalog import CATALOG, InstanceShape, on_demand_price
+from spotrun.providers.base import Instance, InstanceState, LaunchSpec, Offer
+
 from spotrun import log
 from spotrun.errors import CapacityError, ProviderError
 from spotrun.paths import spotrun_home
-from spotrun.providers.aws.catalog import CATALOG, InstanceShape, on_demand_price
-from spotrun.providers.base import Instance, InstanceState, LaunchSpec, Offer
 
 _log = log.get("providers.aws")
 
@@ -57,18 +58,42 @@ TAG_HOST_KEY, TAG_PRICE, TAG_ON_DEMAND = "spotrun:host-key", "spotrun:price", "s
 TAG_INDEX = "spotrun:index"
 LABEL_PREFIX = "spotrun-label:"
 # Error codes that mean "no capacity or quota here now": the controller tries the next candidate.
-CAPACITY_CODES = frozenset({
-    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
-    "InsufficientReservedInstanceCapacity", "MaxSpotInstanceCountExceeded", "SpotMaxPriceTooLow",
-    "VcpuLimitExceeded", "InstanceLimitExceeded", "Unsupported", "InsufficientFreeAddressesInSubnet",
-})
-CREDENTIAL_CODES = frozenset({
-    "AuthFailure", "InvalidClientTokenId", "SignatureDoesNotMatch", "UnauthorizedOperation",
-    "OptInRequired", "ExpiredToken", "RequestExpired", "InvalidAccessKeyId",
-})
+CAPACITY_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "VcpuLimitExceeded",
+        "InstanceLimitExceeded",
+        "Unsupported",
+        "InsufficientFreeAddressesInSubnet",
+    }
+)
+CREDENTIAL_CODES = frozenset(
+    {
+        "AuthFailure",
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "UnauthorizedOperation",
+        "OptInRequired",
+        "ExpiredToken",
+        "RequestExpired",
+        "InvalidAccessKeyId",
+    }
+)
 SPOT_REASONS = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
-FAILED_REASONS = frozenset({"Server.InternalError", "Server.InsufficientInstanceCapacity",
-                            "Client.VolumeLimitExceeded", "Client.InternalError", "Client.InvalidSnapshot.NotFound"})
+FAILED_REASONS = frozenset(
+    {
+        "Server.InternalError",
+        "Server.InsufficientInstanceCapacity",
+        "Client.VolumeLimitExceeded",
+        "Client.InternalError",
+        "Client.InvalidSnapshot.NotFound",
+    }
+)
 _STATES = {"pending": InstanceState.PENDING, "running": InstanceState.RUNNING}
 
 
@@ -87,10 +112,15 @@ def credentials() -> tuple[str, str, str | None]:
     except configparser.Error as exc:
         raise ProviderError(f"cannot read AWS credentials file {path}: {exc}") from exc
     if parser.has_option(profile, "aws_access_key_id") and parser.has_option(profile, "aws_secret_access_key"):
-        return (parser.get(profile, "aws_access_key_id"), parser.get(profile, "aws_secret_access_key"),
-                parser.get(profile, "aws_session_token", fallback=None))
-    raise ProviderError("no AWS credentials found",
-                        hint=f"set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or add profile [{profile}] to {path}")
+        return (
+            parser.get(profile, "aws_access_key_id"),
+            parser.get(profile, "aws_secret_access_key"),
+            parser.get(profile, "aws_session_token", fallback=None),
+        )
+    raise ProviderError(
+        "no AWS credentials found",
+        hint=f"set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or add profile [{profile}] to {path}",
+    )
 
 
 class AwsProvider:
@@ -102,15 +132,27 @@ class AwsProvider:
     supports_purge = False
     supports_cleanup = True
 
-    def __init__(self, region: str | None = None, *, regions: Sequence[str] | None = None,
-                 endpoint_url: str | None = None, image: str | None = None, ssh_user: str | None = None,
-                 ssh_cidr: str = "0.0.0.0/0", instance_types: Mapping[str, InstanceShape] | None = None,
-                 price_ttl_s: float = 300.0, launch_timeout: float = 300.0, poll_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        region: str | None = None,
+        *,
+        regions: Sequence[str] | None = None,
+        endpoint_url: str | None = None,
+        image: str | None = None,
+        ssh_user: str | None = None,
+        ssh_cidr: str = "0.0.0.0/0",
+        instance_types: Mapping[str, InstanceShape] | None = None,
+        price_ttl_s: float = 300.0,
+        launch_timeout: float = 300.0,
+        poll_s: float = 2.0,
+    ) -> None:
         """`region` or `regions`: where offers and VMs are looked for (first one is the default).
         `ssh_cidr`: who may reach port 22. `price_ttl_s`: spot prices are reused for this long."""
         env_regions = [r.strip() for r in os.environ.get("SPOTRUN_AWS_REGIONS", "").split(",") if r.strip()]
         default = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        self.regions = list(regions or ([region] if region else env_regions or ([default] if default else DEFAULT_REGIONS)))
+        self.regions = list(
+            regions or ([region] if region else env_regions or ([default] if default else DEFAULT_REGIONS))
+        )
         self.endpoint_url = endpoint_url or os.environ.get("SPOTRUN_AWS_ENDPOINT_URL") or None
         self.image = image or os.environ.get("SPOTRUN_AWS_IMAGE") or None
         self.ssh_user = ssh_user or os.environ.get("SPOTRUN_AWS_SSH_USER") or "ubuntu"
@@ -133,10 +175,20 @@ class AwsProvider:
                     continue
                 on_demand = on_demand_price(row["instance_type"], region, shape)
                 for spot in (True, False):
-                    found.append(Offer(provider=self.name, region=region, zone=row["zone"],
-                                       instance_type=row["instance_type"], cpus=shape.cpus, gpus=shape.gpus,
-                                       gpu_name=shape.gpu_name, spot_price=row["price"],
-                                       on_demand_price=on_demand, spot=spot))
+                    found.append(
+                        Offer(
+                            provider=self.name,
+                            region=region,
+                            zone=row["zone"],
+                            instance_type=row["instance_type"],
+                            cpus=shape.cpus,
+                            gpus=shape.gpus,
+                            gpu_name=shape.gpu_name,
+                            spot_price=row["price"],
+                            on_demand_price=on_demand,
+                            spot=spot,
+                        )
+                    )
         return found
 
     def price_age(self, offer: Offer) -> float | None:
@@ -153,7 +205,9 @@ class AwsProvider:
         self._remember_region(spec.cluster, region)
         key_name = self._ensure_key_pair(region, spec.cluster, spec.ssh_public_key)
         group_id = self._ensure_security_group(region, spec.cluster)
-        tagged = self._describe(region, {f"tag:{TAG_CLUSTER}": [spec.cluster], f"tag:{TAG_KEY}": [spec.idempotency_key]})
+        tagged = self._describe(
+            region, {f"tag:{TAG_CLUSTER}": [spec.cluster], f"tag:{TAG_KEY}": [spec.idempotency_key]}
+        )
         existing = [i.id for i in sorted(tagged, key=lambda i: (int(i.extra.get("index") or 0), i.id))]
         indexes = range(len(existing), spec.count)
         if not indexes:
@@ -170,7 +224,11 @@ class AwsProvider:
 
     def instances(self, cluster: str) -> list[Instance]:
         """Every instance tagged with `cluster`, in every region it may use, read now. Blocking."""
-        found = [inst for region in self._regions_of(cluster) for inst in self._describe(region, {f"tag:{TAG_CLUSTER}": [cluster]})]
+        found = [
+            inst
+            for region in self._regions_of(cluster)
+            for inst in self._describe(region, {f"tag:{TAG_CLUSTER}": [cluster]})
+        ]
         return sorted(found, key=lambda i: (i.launched_at, i.id))
 
     def terminate(self, ids: Sequence[str]) -> None:
@@ -201,25 +259,45 @@ class AwsProvider:
         self._forget_cluster(cluster)
 
     # -- launch internals ---------------------------------------------------------------------
-    def _run_one(self, spec: LaunchSpec, index: int, region: str, zone: str, image: str,
-                 key_name: str, group_id: str) -> str:
+    def _run_one(
+        self, spec: LaunchSpec, index: int, region: str, zone: str, image: str, key_name: str, group_id: str
+    ) -> str:
         from spotrun.providers.cloud_init import new_host_key, user_data
 
         host_key = new_host_key()
-        tags = {TAG_SPOTRUN: "1", TAG_CLUSTER: spec.cluster, TAG_KEY: spec.idempotency_key,
-                TAG_HOST_KEY: host_key.public, TAG_PRICE: f"{spec.offer.price:.6f}",
-                TAG_ON_DEMAND: f"{spec.offer.on_demand_price:.6f}", TAG_INDEX: str(index), "Name": f"{spec.cluster}-{index}",
-                **{LABEL_PREFIX + k: v for k, v in spec.labels.items()}}
-        params = {"ImageId": image, "InstanceType": spec.offer.instance_type, "MinCount": "1", "MaxCount": "1",
-                  "KeyName": key_name, "SecurityGroupId.1": group_id, "Placement.AvailabilityZone": zone,
-                  "InstanceInitiatedShutdownBehavior": "terminate",
-                  "ClientToken": hashlib.sha256(f"{spec.cluster}/{spec.idempotency_key}/{index}".encode()).hexdigest()[:64],
-                  "UserData": base64.b64encode(user_data(host_key, spec.ssh_public_key, cluster=spec.cluster,
-                                                         ssh_user=self.ssh_user).encode()).decode()}
+        tags = {
+            TAG_SPOTRUN: "1",
+            TAG_CLUSTER: spec.cluster,
+            TAG_KEY: spec.idempotency_key,
+            TAG_HOST_KEY: host_key.public,
+            TAG_PRICE: f"{spec.offer.price:.6f}",
+            TAG_ON_DEMAND: f"{spec.offer.on_demand_price:.6f}",
+            TAG_INDEX: str(index),
+            "Name": f"{spec.cluster}-{index}",
+            **{LABEL_PREFIX + k: v for k, v in spec.labels.items()},
+        }
+        params = {
+            "ImageId": image,
+            "InstanceType": spec.offer.instance_type,
+            "MinCount": "1",
+            "MaxCount": "1",
+            "KeyName": key_name,
+            "SecurityGroupId.1": group_id,
+            "Placement.AvailabilityZone": zone,
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "ClientToken": hashlib.sha256(f"{spec.cluster}/{spec.idempotency_key}/{index}".encode()).hexdigest()[:64],
+            "UserData": base64.b64encode(
+                user_data(host_key, spec.ssh_public_key, cluster=spec.cluster, ssh_user=self.ssh_user).encode()
+            ).decode(),
+        }
         if spec.offer.spot:
-            params.update({"InstanceMarketOptions.MarketType": "spot",
-                           "InstanceMarketOptions.SpotOptions.SpotInstanceType": "one-time",
-                           "InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior": "terminate"})
+            params.update(
+                {
+                    "InstanceMarketOptions.MarketType": "spot",
+                    "InstanceMarketOptions.SpotOptions.SpotInstanceType": "one-time",
+                    "InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior": "terminate",
+                }
+            )
         for n, resource in enumerate(("instance", "volume"), start=1):
             params.update(_tag_spec(n, resource, tags))
         root = self._call(region, "RunInstances", params)
@@ -256,8 +334,11 @@ class AwsProvider:
         public_key = public_key.strip()
         name = f"spotrun-{cluster}-{hashlib.sha256(public_key.encode()).hexdigest()[:10]}"
         if self._call(region, "DescribeKeyPairs", _filters({"key-name": [name]})).find("keySet/item") is None:
-            params = {"KeyName": name, "PublicKeyMaterial": base64.b64encode(public_key.encode()).decode(),
-                      **_tag_spec(1, "key-pair", {TAG_SPOTRUN: "1", TAG_CLUSTER: cluster})}
+            params = {
+                "KeyName": name,
+                "PublicKeyMaterial": base64.b64encode(public_key.encode()).decode(),
+                **_tag_spec(1, "key-pair", {TAG_SPOTRUN: "1", TAG_CLUSTER: cluster}),
+            }
             self._call(region, "ImportKeyPair", params, ignore={"InvalidKeyPair.Duplicate"})
         return name
 
@@ -267,16 +348,29 @@ class AwsProvider:
         query = _filters({"group-name": [name], f"tag:{TAG_CLUSTER}": [cluster]})
         group_id = self._call(region, "DescribeSecurityGroups", query).findtext("securityGroupInfo/item/groupId")
         if not group_id:
-            params = {"GroupName": name, "GroupDescription": f"spotrun cluster {cluster}",
-                      **_tag_spec(1, "security-group", {TAG_SPOTRUN: "1", TAG_CLUSTER: cluster})}
+            params = {
+                "GroupName": name,
+                "GroupDescription": f"spotrun cluster {cluster}",
+                **_tag_spec(1, "security-group", {TAG_SPOTRUN: "1", TAG_CLUSTER: cluster}),
+            }
             root = self._call(region, "CreateSecurityGroup", params, ignore={"InvalidGroup.Duplicate"})
             group_id = root.findtext("groupId") or self._call(region, "DescribeSecurityGroups", query).findtext(
-                "securityGroupInfo/item/groupId")
-        rules = {"IpPermissions.1.IpProtocol": "tcp", "IpPermissions.1.FromPort": "22", "IpPermissions.1.ToPort": "22",
-                 "IpPermissions.1.IpRanges.1.CidrIp": self.ssh_cidr,
-                 "IpPermissions.2.IpProtocol": "-1", "IpPermissions.2.Groups.1.GroupId": group_id}
-        self._call(region, "AuthorizeSecurityGroupIngress", {"GroupId": group_id, **rules},
-                   ignore={"InvalidPermission.Duplicate"})
+                "securityGroupInfo/item/groupId"
+            )
+        rules = {
+            "IpPermissions.1.IpProtocol": "tcp",
+            "IpPermissions.1.FromPort": "22",
+            "IpPermissions.1.ToPort": "22",
+            "IpPermissions.1.IpRanges.1.CidrIp": self.ssh_cidr,
+            "IpPermissions.2.IpProtocol": "-1",
+            "IpPermissions.2.Groups.1.GroupId": group_id,
+        }
+        self._call(
+            region,
+            "AuthorizeSecurityGroupIngress",
+            {"GroupId": group_id, **rules},
+            ignore={"InvalidPermission.Duplicate"},
+        )
         return group_id
 
     def _delete_group(self, region: str, group_id: str) -> None:
@@ -285,7 +379,7 @@ class AwsProvider:
             try:
                 self._call(region, "DeleteSecurityGroup", {"GroupId": group_id}, ignore={"InvalidGroup.NotFound"})
                 return
-            except ProviderError as exc:   # DependencyViolation: an instance still shuts down
+            except ProviderError as exc:  # DependencyViolation: an instance still shuts down
                 if "DependencyViolation" not in str(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(self.poll_s)
@@ -294,13 +388,26 @@ class AwsProvider:
         if self.image:
             return self.image
         if region not in self._images:
-            root = self._call(region, "DescribeImages", {"Owner.1": "amazon", **_filters(
-                {"name": [DEFAULT_IMAGE_NAME], "state": ["available"], "architecture": ["x86_64"]})})
-            images = sorted(((i.findtext("creationDate") or "", i.findtext("imageId") or "")
-                             for i in root.iterfind("imagesSet/item")), reverse=True)
+            root = self._call(
+                region,
+                "DescribeImages",
+                {
+                    "Owner.1": "amazon",
+                    **_filters({"name": [DEFAULT_IMAGE_NAME], "state": ["available"], "architecture": ["x86_64"]}),
+                },
+            )
+            images = sorted(
+                (
+                    (i.findtext("creationDate") or "", i.findtext("imageId") or "")
+                    for i in root.iterfind("imagesSet/item")
+                ),
+                reverse=True,
+            )
             if not images:
-                raise ProviderError(f"no AWS Deep Learning GPU image found in {region}",
-                                    hint="set SPOTRUN_AWS_IMAGE to an AMI id (Ubuntu with cloud-init and NVIDIA drivers)")
+                raise ProviderError(
+                    f"no AWS Deep Learning GPU image found in {region}",
+                    hint="set SPOTRUN_AWS_IMAGE to an AMI id (Ubuntu with cloud-init and NVIDIA drivers)",
+                )
             self._images[region] = images[0][1]
         return self._images[region]
 
@@ -325,27 +432,45 @@ class AwsProvider:
         state, reason = parse_state(item)
         launched = item.findtext("launchTime")
         return Instance(
-            id=item.findtext("instanceId") or "", cluster=tags[TAG_CLUSTER], provider=self.name,
-            zone=item.findtext("placement/availabilityZone") or "", instance_type=item.findtext("instanceType") or "",
-            state=state, reason=reason, host=item.findtext("ipAddress") or item.findtext("privateIpAddress") or "",
-            ssh_port=22, ssh_user=self.ssh_user, host_public_key=tags.get(TAG_HOST_KEY, ""),
-            metadata_url=METADATA_URL, price_per_hour=_float(tags.get(TAG_PRICE)),
+            id=item.findtext("instanceId") or "",
+            cluster=tags[TAG_CLUSTER],
+            provider=self.name,
+            zone=item.findtext("placement/availabilityZone") or "",
+            instance_type=item.findtext("instanceType") or "",
+            state=state,
+            reason=reason,
+            host=item.findtext("ipAddress") or item.findtext("privateIpAddress") or "",
+            ssh_port=22,
+            ssh_user=self.ssh_user,
+            host_public_key=tags.get(TAG_HOST_KEY, ""),
+            metadata_url=METADATA_URL,
+            price_per_hour=_float(tags.get(TAG_PRICE)),
             on_demand_per_hour=_float(tags.get(TAG_ON_DEMAND)),
             launched_at=datetime.fromisoformat(launched.replace("Z", "+00:00")).timestamp() if launched else 0.0,
-            labels={**{k[len(LABEL_PREFIX):]: v for k, v in tags.items() if k.startswith(LABEL_PREFIX)},
-                    "cluster": tags[TAG_CLUSTER], "idempotency_key": tags.get(TAG_KEY, "")},
-            extra={"region": region, "index": tags.get(TAG_INDEX), "private_ip": item.findtext("privateIpAddress"),
-                   "lifecycle": item.findtext("instanceLifecycle") or "on-demand",
-                   "ec2_state": item.findtext("instanceState/name"), "state_reason_code": item.findtext("stateReason/code"),
-                   "notice_protocol": self.notice_protocol},
+            labels={
+                **{k[len(LABEL_PREFIX) :]: v for k, v in tags.items() if k.startswith(LABEL_PREFIX)},
+                "cluster": tags[TAG_CLUSTER],
+                "idempotency_key": tags.get(TAG_KEY, ""),
+            },
+            extra={
+                "region": region,
+                "index": tags.get(TAG_INDEX),
+                "private_ip": item.findtext("privateIpAddress"),
+                "lifecycle": item.findtext("instanceLifecycle") or "on-demand",
+                "ec2_state": item.findtext("instanceState/name"),
+                "state_reason_code": item.findtext("stateReason/code"),
+                "notice_protocol": self.notice_protocol,
+            },
         )
 
     def _spot_prices(self, region: str) -> list[dict[str, Any]]:
         from spotrun.providers.price_cache import cached
 
         def fetch() -> list[dict[str, Any]]:
-            params = {"StartTime": datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
-                      **_numbered("InstanceType", sorted(self.catalog))}
+            params = {
+                "StartTime": datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                **_numbered("InstanceType", sorted(self.catalog)),
+            }
             latest: dict[tuple[str, str], tuple[str, float]] = {}
             while True:
                 root = self._call(region, "DescribeSpotPriceHistory", params)
@@ -354,8 +479,10 @@ class AwsProvider:
                 if not token:
                     break
                 params = {**params, "NextToken": token}
-            return [{"zone": z, "instance_type": t, "price": p, "timestamp": ts}
-                    for (z, t), (ts, p) in sorted(latest.items())]
+            return [
+                {"zone": z, "instance_type": t, "price": p, "timestamp": ts}
+                for (z, t), (ts, p) in sorted(latest.items())
+            ]
 
         endpoint = hashlib.sha256((self.endpoint_url or "aws").encode()).hexdigest()[:8]
         rows, fetched_at = cached(f"aws-spot-{region}-{endpoint}", self.price_ttl_s, fetch)
@@ -371,15 +498,18 @@ class AwsProvider:
 
             key, secret, token = credentials()
             try:
-                drivers[region] = SpotrunEC2Driver(key, secret, region=region, token=token,
-                                                   endpoint_url=self.endpoint_url)
+                drivers[region] = SpotrunEC2Driver(
+                    key, secret, region=region, token=token, endpoint_url=self.endpoint_url
+                )
             except ValueError as exc:
-                raise ProviderError(f"AWS region {region!r} is not known: {exc}",
-                                    hint="use a region name such as us-east-1") from exc
+                raise ProviderError(
+                    f"AWS region {region!r} is not known: {exc}", hint="use a region name such as us-east-1"
+                ) from exc
         return drivers[region]
 
-    def _call(self, region: str, action: str, params: Mapping[str, str], *,
-              ignore: frozenset[str] | set[str] = frozenset()) -> Element:
+    def _call(
+        self, region: str, action: str, params: Mapping[str, str], *, ignore: frozenset[str] | set[str] = frozenset()
+    ) -> Element:
         """One EC2 call; EC2 errors become CapacityError / ProviderError, codes in `ignore` an
         empty element."""
         from spotrun.providers.aws.driver import Ec2ApiError
@@ -393,10 +523,12 @@ class AwsProvider:
             if exc.code in CAPACITY_CODES:
                 raise CapacityError(f"EC2 {action} in {region}: {exc}") from exc
             if exc.code in CREDENTIAL_CODES:
-                raise ProviderError(f"AWS rejected the credentials ({exc})",
-                                    hint="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials") from exc
+                raise ProviderError(
+                    f"AWS rejected the credentials ({exc})",
+                    hint="check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials",
+                ) from exc
             raise ProviderError(f"EC2 {action} in {region} failed: {exc}") from exc
-        except Exception as exc:   # libcloud's transport errors share no base class
+        except Exception as exc:  # libcloud's transport errors share no base class
             where = self.endpoint_url or f"EC2 in {region}"
             raise ProviderError(f"EC2 {action} failed: cannot talk to {where}: {type(exc).__name__}: {exc}") from exc
 
@@ -450,8 +582,9 @@ def parse_state(item: Element) -> tuple[InstanceState, str | None]:
     return InstanceState.TERMINATED, message or name or None
 
 
-def parse_spot_prices(root: Element, known: Mapping[tuple[str, str], tuple[str, float]] | None = None
-                      ) -> dict[tuple[str, str], tuple[str, float]]:
+def parse_spot_prices(
+    root: Element, known: Mapping[tuple[str, str], tuple[str, float]] | None = None
+) -> dict[tuple[str, str], tuple[str, float]]:
     """{(zone, type): (timestamp, $/h)} keeping the newest Linux/UNIX price per zone and type."""
     latest = dict(known or {})
     for item in root.iterfind("spotPriceHistorySet/item"):

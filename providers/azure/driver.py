@@ -42,7 +42,7 @@ def _error(body: Any, status: int) -> AzureApiError:
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         err = data["error"]
         return AzureApiError(str(err.get("code") or "UnknownError"), str(err.get("message") or ""), status)
-    if isinstance(data, dict) and "error" in data:        # Azure AD: {"error": "invalid_client", ...}
+    if isinstance(data, dict) and "error" in data:  # Azure AD: {"error": "invalid_client", ...}
         return AzureApiError(str(data["error"]), str(data.get("error_description") or "").split("\r\n")[0], status)
     return AzureApiError("UnknownError", f"HTTP {status}: {str(body)[:200]}", status)
 
@@ -60,8 +60,15 @@ class SpotrunAzureAuthResponse(AzureAuthJsonResponse):
 class SpotrunAzureConnection(AzureResourceManagementConnection):
     responseCls = SpotrunAzureResponse
 
-    def __init__(self, key: str, secret: str, secure: bool = True, endpoint_url: str | None = None,
-                 login_url: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        key: str,
+        secret: str,
+        secure: bool = True,
+        endpoint_url: str | None = None,
+        login_url: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(key, secret, secure=secure, **kwargs)
         self.login_url = (login_url or PUBLIC_LOGIN_URL).rstrip("/")
         if endpoint_url:
@@ -74,16 +81,29 @@ class SpotrunAzureConnection(AzureResourceManagementConnection):
         """The client-credentials token request, sent to `login_url` (scheme and port kept)."""
         parts = urlsplit(self.login_url)
         secure = parts.scheme != "http"
-        conn = self.conn_class(parts.hostname, parts.port or (443 if secure else 80), secure=secure,
-                               timeout=self.timeout)
+        conn = self.conn_class(
+            parts.hostname, parts.port or (443 if secure else 80), secure=secure, timeout=self.timeout
+        )
         conn.connect()
-        params = urlencode({"grant_type": "client_credentials", "client_id": self.user_id,
-                            "client_secret": self.key, "resource": self.login_resource})
-        conn.request("POST", f"{parts.path}/{self.tenant_id}/oauth2/token", params,
-                     {"Content-type": "application/x-www-form-urlencoded"})
+        params = urlencode(
+            {
+                "grant_type": "client_credentials",
+                "client_id": self.user_id,
+                "client_secret": self.key,
+                "resource": self.login_resource,
+            }
+        )
+        conn.request(
+            "POST",
+            f"{parts.path}/{self.tenant_id}/oauth2/token",
+            params,
+            {"Content-type": "application/x-www-form-urlencoded"},
+        )
         answer = SpotrunAzureAuthResponse(conn.getresponse(), conn)
         self.access_token = answer.object["access_token"]
-        self.expires_on = answer.object.get("expires_on") or int(time.time()) + int(answer.object.get("expires_in", 3600))
+        self.expires_on = answer.object.get("expires_on") or int(time.time()) + int(
+            answer.object.get("expires_in", 3600)
+        )
 
 
 class SpotrunAzureDriver(AzureNodeDriver):
@@ -91,19 +111,30 @@ class SpotrunAzureDriver(AzureNodeDriver):
 
     connectionCls = SpotrunAzureConnection
 
-    def __init__(self, tenant_id: str, subscription_id: str, client_id: str, client_secret: str, *,
-                 endpoint_url: str | None = None, login_url: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        tenant_id: str,
+        subscription_id: str,
+        client_id: str,
+        client_secret: str,
+        *,
+        endpoint_url: str | None = None,
+        login_url: str | None = None,
+        timeout: float = 60.0,
+    ) -> None:
         self._endpoint_url, self._login_url = endpoint_url, login_url
         super().__init__(tenant_id, subscription_id, client_id, client_secret, timeout=timeout)
 
     def _ex_connection_class_kwargs(self) -> dict[str, Any]:
-        return {**super()._ex_connection_class_kwargs(), "endpoint_url": self._endpoint_url,
-                "login_url": self._login_url}
+        return {
+            **super()._ex_connection_class_kwargs(),
+            "endpoint_url": self._endpoint_url,
+            "login_url": self._login_url,
+        }
 
     def arm(self, method: str, path: str, api_version: str, body: Any = None) -> tuple[int, Any, dict[str, str]]:
         """One ARM call: (status, parsed JSON or None, headers). Raises AzureApiError."""
-        response = self.connection.request(path, params={"api-version": api_version}, method=method,
-                                           data=body)
+        response = self.connection.request(path, params={"api-version": api_version}, method=method, data=body)
         return response.status, response.object or None, dict(response.headers or {})
 
 

@@ -48,34 +48,61 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-from spotrun import log
-from spotrun.errors import CapacityError, ProviderError
 from spotrun.providers.azure import api as azure_api
 from spotrun.providers.base import Instance, InstanceState, LaunchSpec, Offer
+
+from spotrun import log
+from spotrun.errors import CapacityError, ProviderError
 
 _log = log.get("providers.azure")
 
 COMPUTE_API, NETWORK_API, RESOURCES_API = "2023-03-01", "2023-04-01", "2021-04-01"
 DEFAULT_REGIONS = ("eastus", "westus2", "westeurope")
-DEFAULT_IMAGE = {"publisher": "Canonical", "offer": "0001-com-ubuntu-server-jammy", "sku": "22_04-lts-gen2",
-                 "version": "latest"}
+DEFAULT_IMAGE = {
+    "publisher": "Canonical",
+    "offer": "0001-com-ubuntu-server-jammy",
+    "sku": "22_04-lts-gen2",
+    "version": "latest",
+}
 METADATA_URL = "http://169.254.169.254"
 CREDENTIAL_VARS = ("AZURE_TENANT_ID", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_SUBSCRIPTION_ID")
 # (vCPUs, GPUs, GPU name) of the VM sizes spotrun offers on Azure.
 VM_SIZES: dict[str, tuple[int, int, str | None]] = {
-    "Standard_NC4as_T4_v3": (4, 1, "T4"), "Standard_NC6s_v3": (6, 1, "V100"),
-    "Standard_NC12s_v3": (12, 2, "V100"), "Standard_NC24s_v3": (24, 4, "V100"),
-    "Standard_NC24ads_A100_v4": (24, 1, "A100"), "Standard_ND96asr_v4": (96, 8, "A100"),
-    "Standard_D8s_v5": (8, 0, None), "Standard_F16s_v2": (16, 0, None),
+    "Standard_NC4as_T4_v3": (4, 1, "T4"),
+    "Standard_NC6s_v3": (6, 1, "V100"),
+    "Standard_NC12s_v3": (12, 2, "V100"),
+    "Standard_NC24s_v3": (24, 4, "V100"),
+    "Standard_NC24ads_A100_v4": (24, 1, "A100"),
+    "Standard_ND96asr_v4": (96, 8, "A100"),
+    "Standard_D8s_v5": (8, 0, None),
+    "Standard_F16s_v2": (16, 0, None),
 }
 # ARM error codes that mean "no capacity or quota here now" (OperationNotAllowed only for quota).
-CAPACITY_CODES = frozenset({
-    "SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest",
-    "OverconstrainedZonalAllocationRequest", "QuotaExceeded", "SpotQuotaExceeded", "LowPriorityQuotaExceeded",
-})
-CREDENTIAL_CODES = frozenset({"invalid_client", "unauthorized_client", "invalid_request", "InvalidAuthenticationToken",
-                              "AuthenticationFailed", "AuthorizationFailed", "ExpiredAuthenticationToken",
-                              "InvalidSubscriptionId", "SubscriptionNotFound"})
+CAPACITY_CODES = frozenset(
+    {
+        "SkuNotAvailable",
+        "AllocationFailed",
+        "ZonalAllocationFailed",
+        "OverconstrainedAllocationRequest",
+        "OverconstrainedZonalAllocationRequest",
+        "QuotaExceeded",
+        "SpotQuotaExceeded",
+        "LowPriorityQuotaExceeded",
+    }
+)
+CREDENTIAL_CODES = frozenset(
+    {
+        "invalid_client",
+        "unauthorized_client",
+        "invalid_request",
+        "InvalidAuthenticationToken",
+        "AuthenticationFailed",
+        "AuthorizationFailed",
+        "ExpiredAuthenticationToken",
+        "InvalidSubscriptionId",
+        "SubscriptionNotFound",
+    }
+)
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 
 
@@ -86,9 +113,16 @@ def credentials() -> tuple[str, str, str, str]:
     values = {name: os.environ.get(name, "").strip() for name in CREDENTIAL_VARS}
     missing = [name for name, value in values.items() if not value]
     if missing:
-        raise ProviderError("no Azure credentials found",
-                            hint=f"set {', '.join(missing)} (a service principal: `az ad sp create-for-rbac`)")
-    return values["AZURE_TENANT_ID"], values["AZURE_CLIENT_ID"], values["AZURE_CLIENT_SECRET"], values["AZURE_SUBSCRIPTION_ID"]
+        raise ProviderError(
+            "no Azure credentials found",
+            hint=f"set {', '.join(missing)} (a service principal: `az ad sp create-for-rbac`)",
+        )
+    return (
+        values["AZURE_TENANT_ID"],
+        values["AZURE_CLIENT_ID"],
+        values["AZURE_CLIENT_SECRET"],
+        values["AZURE_SUBSCRIPTION_ID"],
+    )
 
 
 def resource_group(cluster: str) -> str:
@@ -112,11 +146,23 @@ class AzureProvider:
     supports_purge = False
     supports_cleanup = True
 
-    def __init__(self, region: str | None = None, *, regions: Sequence[str] | None = None,
-                 endpoint_url: str | None = None, login_url: str | None = None, prices_url: str | None = None,
-                 image: Mapping[str, str] | None = None, ssh_user: str = "azureuser", ssh_cidr: str = "*",
-                 eviction_policy: str = "Deallocate", max_price: float = -1.0, price_ttl_s: float = 3600.0,
-                 launch_timeout: float = 600.0, poll_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        region: str | None = None,
+        *,
+        regions: Sequence[str] | None = None,
+        endpoint_url: str | None = None,
+        login_url: str | None = None,
+        prices_url: str | None = None,
+        image: Mapping[str, str] | None = None,
+        ssh_user: str = "azureuser",
+        ssh_cidr: str = "*",
+        eviction_policy: str = "Deallocate",
+        max_price: float = -1.0,
+        price_ttl_s: float = 3600.0,
+        launch_timeout: float = 600.0,
+        poll_s: float = 5.0,
+    ) -> None:
         env_regions = [r.strip() for r in os.environ.get("SPOTRUN_AZURE_REGIONS", "").split(",") if r.strip()]
         self.regions = list(regions or ([region] if region else env_regions or DEFAULT_REGIONS))
         self.endpoint_url = endpoint_url or os.environ.get("SPOTRUN_AZURE_ENDPOINT_URL") or None
@@ -144,9 +190,20 @@ class AzureProvider:
                     continue
                 cpus, gpus, gpu_name = shape
                 for spot in (True, False):
-                    found.append(Offer(provider=self.name, region=region, zone=region, instance_type=size, cpus=cpus,
-                                       gpus=gpus, gpu_name=gpu_name, spot_price=prices["spot"],
-                                       on_demand_price=prices.get("on_demand", 0.0), spot=spot))
+                    found.append(
+                        Offer(
+                            provider=self.name,
+                            region=region,
+                            zone=region,
+                            instance_type=size,
+                            cpus=cpus,
+                            gpus=gpus,
+                            gpu_name=gpu_name,
+                            spot_price=prices["spot"],
+                            on_demand_price=prices.get("on_demand", 0.0),
+                            spot=spot,
+                        )
+                    )
         return found
 
     def price_age(self, offer: Offer) -> float | None:
@@ -164,8 +221,11 @@ class AzureProvider:
         self._put(f"{self._sub}/resourcegroups/{group}", RESOURCES_API, {"location": region, "tags": tags})
         subnet_id = self._ensure_network(group, region, tags)
         wanted = [vm_name(spec.cluster, spec.idempotency_key, i) for i in range(spec.count)]
-        existing = {vm.get("name") for vm in self._list_vms(group)
-                    if (vm.get("tags") or {}).get("spotrun-idempotency-key") == spec.idempotency_key}
+        existing = {
+            vm.get("name")
+            for vm in self._list_vms(group)
+            if (vm.get("tags") or {}).get("spotrun-idempotency-key") == spec.idempotency_key
+        }
         missing = [i for i, name in enumerate(wanted) if name not in existing]
         if missing:
             with ThreadPoolExecutor(max_workers=min(len(missing), 16)) as pool:
@@ -180,8 +240,10 @@ class AzureProvider:
         vms = [vm for vm in self._list_vms(group) if (vm.get("tags") or {}).get("spotrun-cluster") == cluster]
         if not vms:
             return []
-        ips = {ip.get("name"): ip.get("properties", {}).get("ipAddress", "")
-               for ip in self._list(f"{self._rg(group)}/providers/Microsoft.Network/publicIPAddresses", NETWORK_API)}
+        ips = {
+            ip.get("name"): ip.get("properties", {}).get("ipAddress", "")
+            for ip in self._list(f"{self._rg(group)}/providers/Microsoft.Network/publicIPAddresses", NETWORK_API)
+        }
         private = {}
         for nic in self._list(f"{self._rg(group)}/providers/Microsoft.Network/networkInterfaces", NETWORK_API):
             configs = nic.get("properties", {}).get("ipConfigurations") or [{}]
@@ -201,8 +263,11 @@ class AzureProvider:
         wanted = set(ids)
         if not wanted:
             return
-        found = [vm["id"] for vm in self._list(f"{self._sub}/providers/Microsoft.Compute/virtualMachines", COMPUTE_API)
-                 if vm.get("name") in wanted and (vm.get("tags") or {}).get("spotrun") == "1"]
+        found = [
+            vm["id"]
+            for vm in self._list(f"{self._sub}/providers/Microsoft.Compute/virtualMachines", COMPUTE_API)
+            if vm.get("name") in wanted and (vm.get("tags") or {}).get("spotrun") == "1"
+        ]
 
         def delete(resource_id: str) -> None:
             self._delete_and_wait(resource_id, COMPUTE_API)
@@ -221,18 +286,49 @@ class AzureProvider:
     # -- launch internals ---------------------------------------------------------------------
     def _ensure_network(self, group: str, region: str, tags: Mapping[str, str]) -> str:
         network = f"{self._rg(group)}/providers/Microsoft.Network"
-        nsg = self._put(f"{network}/networkSecurityGroups/spotrun-{region}-nsg", NETWORK_API, {
-            "location": region, "tags": dict(tags), "properties": {"securityRules": [{
-                "name": "spotrun-ssh", "properties": {
-                    "priority": 1000, "direction": "Inbound", "access": "Allow", "protocol": "Tcp",
-                    "sourceAddressPrefix": self.ssh_cidr, "sourcePortRange": "*",
-                    "destinationAddressPrefix": "*", "destinationPortRange": "22"}}]}})
+        nsg = self._put(
+            f"{network}/networkSecurityGroups/spotrun-{region}-nsg",
+            NETWORK_API,
+            {
+                "location": region,
+                "tags": dict(tags),
+                "properties": {
+                    "securityRules": [
+                        {
+                            "name": "spotrun-ssh",
+                            "properties": {
+                                "priority": 1000,
+                                "direction": "Inbound",
+                                "access": "Allow",
+                                "protocol": "Tcp",
+                                "sourceAddressPrefix": self.ssh_cidr,
+                                "sourcePortRange": "*",
+                                "destinationAddressPrefix": "*",
+                                "destinationPortRange": "22",
+                            },
+                        }
+                    ]
+                },
+            },
+        )
         vnet_path = f"{network}/virtualNetworks/spotrun-{region}-vnet"
-        self._put(vnet_path, NETWORK_API, {
-            "location": region, "tags": dict(tags), "properties": {
-                "addressSpace": {"addressPrefixes": ["10.42.0.0/16"]},
-                "subnets": [{"name": "default", "properties": {"addressPrefix": "10.42.0.0/20",
-                                                              "networkSecurityGroup": {"id": nsg["id"]}}}]}})
+        self._put(
+            vnet_path,
+            NETWORK_API,
+            {
+                "location": region,
+                "tags": dict(tags),
+                "properties": {
+                    "addressSpace": {"addressPrefixes": ["10.42.0.0/16"]},
+                    "subnets": [
+                        {
+                            "name": "default",
+                            "properties": {"addressPrefix": "10.42.0.0/20", "networkSecurityGroup": {"id": nsg["id"]}},
+                        }
+                    ],
+                },
+            },
+        )
         return f"{vnet_path}/subnets/default"
 
     def _create_vm(self, spec: LaunchSpec, index: int, group: str, subnet_id: str, tags: Mapping[str, str]) -> None:
@@ -241,20 +337,50 @@ class AzureProvider:
         name, region = vm_name(spec.cluster, spec.idempotency_key, index), spec.offer.region
         network = f"{self._rg(group)}/providers/Microsoft.Network"
         zones = {"zones": [spec.offer.zone.rsplit("-", 1)[-1]]} if spec.offer.zone not in ("", region) else {}
-        ip = self._put(f"{network}/publicIPAddresses/{name}-ip", NETWORK_API, {
-            "location": region, "tags": dict(tags), "sku": {"name": "Standard"}, **zones,
-            "properties": {"publicIPAllocationMethod": "Static"}})
-        nic = self._put(f"{network}/networkInterfaces/{name}-nic", NETWORK_API, {
-            "location": region, "tags": dict(tags), "properties": {"ipConfigurations": [{
-                "name": "ipconfig1", "properties": {
-                    "subnet": {"id": subnet_id}, "privateIPAllocationMethod": "Dynamic",
-                    "publicIPAddress": {"id": ip["id"], "properties": {"deleteOption": "Delete"}}}}]}})
+        ip = self._put(
+            f"{network}/publicIPAddresses/{name}-ip",
+            NETWORK_API,
+            {
+                "location": region,
+                "tags": dict(tags),
+                "sku": {"name": "Standard"},
+                **zones,
+                "properties": {"publicIPAllocationMethod": "Static"},
+            },
+        )
+        nic = self._put(
+            f"{network}/networkInterfaces/{name}-nic",
+            NETWORK_API,
+            {
+                "location": region,
+                "tags": dict(tags),
+                "properties": {
+                    "ipConfigurations": [
+                        {
+                            "name": "ipconfig1",
+                            "properties": {
+                                "subnet": {"id": subnet_id},
+                                "privateIPAllocationMethod": "Dynamic",
+                                "publicIPAddress": {"id": ip["id"], "properties": {"deleteOption": "Delete"}},
+                            },
+                        }
+                    ]
+                },
+            },
+        )
         host_key = new_host_key()
         body = azure_api.vm_body(
-            spec, index=index, image=self.image, nic_id=nic["id"], host_public_key=host_key.public,
-            ssh_user=self.ssh_user, eviction_policy=self.eviction_policy, max_price=self.max_price,
-            user_data=user_data(host_key, spec.ssh_public_key, cluster=spec.cluster, ssh_user=self.ssh_user))
-        body["properties"]["osProfile"]["computerName"] = name   # cluster names may hold '_' or '.'
+            spec,
+            index=index,
+            image=self.image,
+            nic_id=nic["id"],
+            host_public_key=host_key.public,
+            ssh_user=self.ssh_user,
+            eviction_policy=self.eviction_policy,
+            max_price=self.max_price,
+            user_data=user_data(host_key, spec.ssh_public_key, cluster=spec.cluster, ssh_user=self.ssh_user),
+        )
+        body["properties"]["osProfile"]["computerName"] = name  # cluster names may hold '_' or '.'
         self._call("PUT", f"{self._rg(group)}/providers/Microsoft.Compute/virtualMachines/{name}", COMPUTE_API, body)
         _log.info("created Azure VM", extra=log.kv(name=name, region=region, size=spec.offer.instance_type))
 
@@ -266,8 +392,14 @@ class AzureProvider:
                 path = f"{self._rg(group)}/providers/Microsoft.Compute/virtualMachines/{name}"
                 view = self._call("GET", f"{path}/instanceView", COMPUTE_API, ignore_missing=True)
                 codes = [s.get("code", "") for s in (view or {}).get("statuses", [])]
-                failed = next((s for s in (view or {}).get("statuses", [])
-                               if s.get("code", "").startswith("ProvisioningState/failed")), None)
+                failed = next(
+                    (
+                        s
+                        for s in (view or {}).get("statuses", [])
+                        if s.get("code", "").startswith("ProvisioningState/failed")
+                    ),
+                    None,
+                )
                 if view is None or failed is not None:
                     code = (failed or {}).get("code", "ProvisioningState/failed/Deleted").split("/")[-1]
                     message = (failed or {}).get("message") or "the VM disappeared while starting"
@@ -276,28 +408,49 @@ class AzureProvider:
                 if "PowerState/running" in codes:
                     pending.discard(name)
             if pending and time.monotonic() > deadline:
-                raise ProviderError(f"Azure VMs {', '.join(sorted(pending))} not running after {self.launch_timeout:.0f}s")
+                raise ProviderError(
+                    f"Azure VMs {', '.join(sorted(pending))} not running after {self.launch_timeout:.0f}s"
+                )
             if pending:
                 time.sleep(self.poll_s)
 
     def _instance(self, vm: Mapping[str, Any], view: Mapping[str, Any], host: str, private_ip: str) -> Instance:
         fields = azure_api.parse_vm(vm, view)
-        if not view:                                    # deleted between the list and the read
+        if not view:  # deleted between the list and the read
             fields.update(state=InstanceState.TERMINATED, reason="deleted")
         tags = dict(vm.get("tags") or {})
         created = vm.get("properties", {}).get("timeCreated")
         return Instance(
-            id=fields["id"], cluster=fields["cluster"], provider=self.name, zone=fields["zone"] or fields["location"],
-            instance_type=fields["instance_type"], state=fields["state"], reason=fields["reason"], host=host or private_ip,
-            ssh_port=22, ssh_user=self.ssh_user, host_public_key=fields["host_public_key"], metadata_url=METADATA_URL,
-            price_per_hour=fields["price"], on_demand_per_hour=fields["on_demand"],
+            id=fields["id"],
+            cluster=fields["cluster"],
+            provider=self.name,
+            zone=fields["zone"] or fields["location"],
+            instance_type=fields["instance_type"],
+            state=fields["state"],
+            reason=fields["reason"],
+            host=host or private_ip,
+            ssh_port=22,
+            ssh_user=self.ssh_user,
+            host_public_key=fields["host_public_key"],
+            metadata_url=METADATA_URL,
+            price_per_hour=fields["price"],
+            on_demand_per_hour=fields["on_demand"],
             launched_at=_timestamp(created),
-            labels={**{k[len("spotrun-label-"):]: v for k, v in tags.items() if k.startswith("spotrun-label-")},
-                    "cluster": fields["cluster"], "idempotency_key": fields["idempotency_key"]},
-            extra={"resource_id": fields["resource_id"], "region": fields["location"], "private_ip": private_ip,
-                   "index": tags.get("spotrun-index"), "spot": fields["spot"],
-                   "eviction_policy": vm.get("properties", {}).get("evictionPolicy"),
-                   "notice_protocol": self.notice_protocol})
+            labels={
+                **{k[len("spotrun-label-") :]: v for k, v in tags.items() if k.startswith("spotrun-label-")},
+                "cluster": fields["cluster"],
+                "idempotency_key": fields["idempotency_key"],
+            },
+            extra={
+                "resource_id": fields["resource_id"],
+                "region": fields["location"],
+                "private_ip": private_ip,
+                "index": tags.get("spotrun-index"),
+                "spot": fields["spot"],
+                "eviction_policy": vm.get("properties", {}).get("evictionPolicy"),
+                "notice_protocol": self.notice_protocol,
+            },
+        )
 
     # -- reading ------------------------------------------------------------------------------
     def _list_vms(self, group: str) -> list[dict[str, Any]]:
@@ -322,7 +475,9 @@ class AzureProvider:
 
         def fetch() -> list[list[Any]]:
             found: dict[tuple[str, str], dict[str, float]] = {}
-            url: str | None = f"{self.prices_url}?{urllib.parse.urlencode(azure_api.retail_prices_query(region, sorted(VM_SIZES)))}"
+            url: str | None = (
+                f"{self.prices_url}?{urllib.parse.urlencode(azure_api.retail_prices_query(region, sorted(VM_SIZES)))}"
+            )
             while url:
                 try:
                     with urllib.request.urlopen(url, timeout=30) as answer:
@@ -355,19 +510,32 @@ class AzureProvider:
 
             tenant, client, secret, subscription = credentials()
             try:
-                driver = SpotrunAzureDriver(tenant, subscription, client, secret, endpoint_url=self.endpoint_url,
-                                            login_url=self.login_url)
+                driver = SpotrunAzureDriver(
+                    tenant, subscription, client, secret, endpoint_url=self.endpoint_url, login_url=self.login_url
+                )
             except AzureApiError as exc:
-                raise ProviderError(f"Azure AD rejected the service principal {client}: {exc}",
-                                    hint="check AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET") from exc
-            except Exception as exc:   # transport errors share no base class
-                raise ProviderError(f"cannot log in to Azure at {self.login_url or 'login.microsoftonline.com'}: "
-                                    f"{type(exc).__name__}: {exc}") from exc
+                raise ProviderError(
+                    f"Azure AD rejected the service principal {client}: {exc}",
+                    hint="check AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET",
+                ) from exc
+            except Exception as exc:  # transport errors share no base class
+                raise ProviderError(
+                    f"cannot log in to Azure at {self.login_url or 'login.microsoftonline.com'}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             self._local.driver = driver
         return driver
 
-    def _call(self, method: str, path: str, api: str, body: Any = None, *, ignore_missing: bool = False,
-              params: Mapping[str, str] | None = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        api: str,
+        body: Any = None,
+        *,
+        ignore_missing: bool = False,
+        params: Mapping[str, str] | None = None,
+    ) -> Any:
         """One ARM call; Azure errors become CapacityError / ProviderError, a 404 with
         `ignore_missing` None."""
         from spotrun.providers.azure.driver import AzureApiError
@@ -375,24 +543,30 @@ class AzureProvider:
         driver = self._driver()
         try:
             if params:
-                response = driver.connection.request(path, params={"api-version": api, **params}, method=method,
-                                                     data=body)
+                response = driver.connection.request(
+                    path, params={"api-version": api, **params}, method=method, data=body
+                )
                 return response.object or None
             return driver.arm(method, path, api, body)[1]
         except AzureApiError as exc:
             if ignore_missing and exc.status == 404:
                 return None
             if _is_capacity(exc.code, exc.message):
-                raise CapacityError(f"Azure {method} {path.rsplit('/', 1)[-1]}: {exc.code}: {exc.message[:300]}",
-                                    hint="try another region or VM size") from exc
+                raise CapacityError(
+                    f"Azure {method} {path.rsplit('/', 1)[-1]}: {exc.code}: {exc.message[:300]}",
+                    hint="try another region or VM size",
+                ) from exc
             if exc.code in CREDENTIAL_CODES or exc.status in (401, 403):
-                raise ProviderError(f"Azure refused {method} {path.rsplit('/', 1)[-1]}: {exc.code}: {exc.message[:200]}",
-                                    hint="check the AZURE_* credentials and the principal's role on "
-                                         "AZURE_SUBSCRIPTION_ID") from exc
+                raise ProviderError(
+                    f"Azure refused {method} {path.rsplit('/', 1)[-1]}: {exc.code}: {exc.message[:200]}",
+                    hint="check the AZURE_* credentials and the principal's role on AZURE_SUBSCRIPTION_ID",
+                ) from exc
             raise ProviderError(f"Azure {method} {path} failed: {exc.code}: {exc.message[:300]}") from exc
         except Exception as exc:
             where = self.endpoint_url or "management.azure.com"
-            raise ProviderError(f"Azure {method} {path} failed: cannot talk to {where}: {type(exc).__name__}: {exc}") from exc
+            raise ProviderError(
+                f"Azure {method} {path} failed: cannot talk to {where}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _put(self, path: str, api: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """PUT a resource and wait until its provisioningState is Succeeded (Azure may answer
@@ -401,7 +575,9 @@ class AzureProvider:
         deadline = time.monotonic() + self.launch_timeout
         while resource.get("properties", {}).get("provisioningState", "Succeeded") not in ("Succeeded", "Failed"):
             if time.monotonic() > deadline:
-                raise ProviderError(f"Azure resource {path.rsplit('/', 1)[-1]} not ready after {self.launch_timeout:.0f}s")
+                raise ProviderError(
+                    f"Azure resource {path.rsplit('/', 1)[-1]} not ready after {self.launch_timeout:.0f}s"
+                )
             time.sleep(self.poll_s)
             resource = self._call("GET", path, api) or {}
         if resource.get("properties", {}).get("provisioningState") == "Failed":
@@ -415,7 +591,9 @@ class AzureProvider:
         deadline = time.monotonic() + self.launch_timeout
         while self._call("GET", path, api, ignore_missing=True) is not None:
             if time.monotonic() > deadline:
-                raise ProviderError(f"Azure resource {path.rsplit('/', 1)[-1]} not deleted after {self.launch_timeout:.0f}s")
+                raise ProviderError(
+                    f"Azure resource {path.rsplit('/', 1)[-1]} not deleted after {self.launch_timeout:.0f}s"
+                )
             time.sleep(self.poll_s)
 
 
@@ -426,7 +604,7 @@ def _is_capacity(code: str, message: str) -> bool:
 def _timestamp(text: str | None) -> float:
     if not text:
         return 0.0
-    text = re.sub(r"(\.\d{6})\d+", r"\1", text.replace("Z", "+00:00"))   # Azure writes 7 fraction digits
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text.replace("Z", "+00:00"))  # Azure writes 7 fraction digits
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:

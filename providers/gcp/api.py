@@ -24,27 +24,38 @@ from spotrun.providers.base import InstanceState, LaunchSpec
 
 _NOT_LABEL = re.compile(r"[^a-z0-9_-]+")
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
-_STATES = {"PROVISIONING": InstanceState.PENDING, "STAGING": InstanceState.PENDING,
-           "RUNNING": InstanceState.RUNNING, "REPAIRING": InstanceState.PENDING}
+_STATES = {
+    "PROVISIONING": InstanceState.PENDING,
+    "STAGING": InstanceState.PENDING,
+    "RUNNING": InstanceState.RUNNING,
+    "REPAIRING": InstanceState.PENDING,
+}
 # (vCPUs, memory GiB, GPUs, GPU name) of machine types spotrun offers on GCP.
 MACHINE_TYPES: dict[str, tuple[int, float, int, str | None]] = {
-    "n1-standard-4": (4, 15.0, 0, None), "n1-standard-8": (8, 30.0, 0, None),
-    "n1-standard-16": (16, 60.0, 0, None), "n2-standard-8": (8, 32.0, 0, None),
-    "e2-standard-4": (4, 16.0, 0, None), "c2-standard-8": (8, 32.0, 0, None),
-    "a2-highgpu-1g": (12, 85.0, 1, "A100"), "a2-highgpu-8g": (96, 680.0, 8, "A100"),
-    "g2-standard-4": (4, 16.0, 1, "L4"), "g2-standard-48": (48, 192.0, 4, "L4"),
+    "n1-standard-4": (4, 15.0, 0, None),
+    "n1-standard-8": (8, 30.0, 0, None),
+    "n1-standard-16": (16, 60.0, 0, None),
+    "n2-standard-8": (8, 32.0, 0, None),
+    "e2-standard-4": (4, 16.0, 0, None),
+    "c2-standard-8": (8, 32.0, 0, None),
+    "a2-highgpu-1g": (12, 85.0, 1, "A100"),
+    "a2-highgpu-8g": (96, 680.0, 8, "A100"),
+    "g2-standard-4": (4, 16.0, 1, "L4"),
+    "g2-standard-48": (48, 192.0, 4, "L4"),
 }
 # The Compute Engine service in Google's Cloud Billing Catalog (`services/<id>/skus`).
 COMPUTE_SERVICE_ID = "6F81-5844-456A"
-_USAGE = {"OnDemand": "on_demand", "Preemptible": "spot"}   # Spot VMs bill the Preemptible SKUs
+_USAGE = {"OnDemand": "on_demand", "Preemptible": "spot"}  # Spot VMs bill the Preemptible SKUs
 _SPOT_PREFIX = re.compile(r"^Spot Preemptible\s+")
 # "A2 Instance Core running in Americas" / "G2 Instance Ram running in Americas" (not Custom,
 # Sole Tenancy, Commitment...; those are other words before "Instance").
 _MACHINE_SKU = re.compile(r"^(?P<family>[A-Z][A-Z0-9]*) Instance (?P<part>Core|Ram) running in ")
 # "Nvidia Tesla A100 GPU running in Americas", "Nvidia L4 GPU running in Americas"; an
 # "A100 80GB" is another GPU than an "A100".
-_GPU_SKU = re.compile(r"^Nvidia (?:Tesla )?(?P<gpu>[A-Za-z0-9]+(?: \d+GB)?) GPU "
-                      r"(?:attached to Spot Preemptible VMs )?running in ")
+_GPU_SKU = re.compile(
+    r"^Nvidia (?:Tesla )?(?P<gpu>[A-Za-z0-9]+(?: \d+GB)?) GPU "
+    r"(?:attached to Spot Preemptible VMs )?running in "
+)
 _UNITS = {"core": "h", "ram": "GiBy.h", "gpu": "h"}
 
 
@@ -60,24 +71,42 @@ def instance_name(cluster: str, idempotency_key: str, index: int) -> str:
     return f"sr-{slug}-{digest}-{index}"
 
 
-def instance_body(spec: LaunchSpec, *, index: int, image: str, user_data: str, host_public_key: str,
-                  ssh_user: str, network: str = "global/networks/default", disk_gb: int = 200) -> dict[str, Any]:
+def instance_body(
+    spec: LaunchSpec,
+    *,
+    index: int,
+    image: str,
+    user_data: str,
+    host_public_key: str,
+    ssh_user: str,
+    network: str = "global/networks/default",
+    disk_gb: int = 200,
+) -> dict[str, Any]:
     """The `instances.insert` body of VM `index` of `spec`: a Spot VM (or standard when
     `spec.offer.spot` is False) deleted on preemption, labelled with the cluster and key, with
     the cluster's SSH key, the cloud-init `user_data` and the host key in its metadata, and the
     network tag `spotrun-<cluster>` that the cluster's firewall rules select."""
     zone = spec.offer.zone
-    labels = {"spotrun": "1", "spotrun-cluster": label(spec.cluster), "spotrun-key": label(spec.idempotency_key),
-              **{label(k): label(v) for k, v in spec.labels.items()}}
+    labels = {
+        "spotrun": "1",
+        "spotrun-cluster": label(spec.cluster),
+        "spotrun-key": label(spec.idempotency_key),
+        **{label(k): label(v) for k, v in spec.labels.items()},
+    }
     scheduling: dict[str, Any] = {"onHostMaintenance": "TERMINATE", "automaticRestart": not spec.offer.spot}
     if spec.offer.spot:
         scheduling.update({"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"})
     else:
         scheduling["provisioningModel"] = "STANDARD"
-    metadata = {"ssh-keys": f"{ssh_user}:{spec.ssh_public_key.strip()}", "user-data": user_data,
-                "spotrun-cluster": spec.cluster, "spotrun-idempotency-key": spec.idempotency_key,
-                "spotrun-host-key": host_public_key, "spotrun-price": f"{spec.offer.price:.6f}",
-                "spotrun-on-demand": f"{spec.offer.on_demand_price:.6f}"}
+    metadata = {
+        "ssh-keys": f"{ssh_user}:{spec.ssh_public_key.strip()}",
+        "user-data": user_data,
+        "spotrun-cluster": spec.cluster,
+        "spotrun-idempotency-key": spec.idempotency_key,
+        "spotrun-host-key": host_public_key,
+        "spotrun-price": f"{spec.offer.price:.6f}",
+        "spotrun-on-demand": f"{spec.offer.on_demand_price:.6f}",
+    }
     return {
         "name": instance_name(spec.cluster, spec.idempotency_key, index),
         "machineType": f"zones/{zone}/machineTypes/{spec.offer.instance_type}",
@@ -85,9 +114,17 @@ def instance_body(spec: LaunchSpec, *, index: int, image: str, user_data: str, h
         "tags": {"items": [f"spotrun-{_NOT_NAME.sub('-', spec.cluster.lower()).strip('-')[:50]}"]},
         "metadata": {"items": [{"key": k, "value": v} for k, v in metadata.items()]},
         "scheduling": scheduling,
-        "disks": [{"boot": True, "autoDelete": True, "type": "PERSISTENT",
-                   "initializeParams": {"sourceImage": image, "diskSizeGb": str(disk_gb), "labels": labels}}],
-        "networkInterfaces": [{"network": network, "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]}],
+        "disks": [
+            {
+                "boot": True,
+                "autoDelete": True,
+                "type": "PERSISTENT",
+                "initializeParams": {"sourceImage": image, "diskSizeGb": str(disk_gb), "labels": labels},
+            }
+        ],
+        "networkInterfaces": [
+            {"network": network, "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]}
+        ],
     }
 
 
@@ -114,14 +151,24 @@ def parse_instance(item: Mapping[str, Any], preempted_names: Mapping[str, str]) 
         state, reason = InstanceState.TERMINATED, item.get("statusMessage") or status.lower() or None
     nic = (item.get("networkInterfaces") or [{}])[0]
     access = (nic.get("accessConfigs") or [{}])[0]
-    return {"id": name, "numeric_id": item.get("id"), "zone": str(item.get("zone", "")).rsplit("/", 1)[-1],
-            "instance_type": str(item.get("machineType", "")).rsplit("/", 1)[-1], "state": state, "reason": reason,
-            "host": access.get("natIP") or nic.get("networkIP", ""), "private_ip": nic.get("networkIP"),
-            "labels": dict(item.get("labels", {})), "cluster": meta.get("spotrun-cluster", ""),
-            "idempotency_key": meta.get("spotrun-idempotency-key", ""), "host_public_key": meta.get("spotrun-host-key", ""),
-            "price": float(meta.get("spotrun-price") or 0.0), "on_demand": float(meta.get("spotrun-on-demand") or 0.0),
-            "created": item.get("creationTimestamp"),
-            "provisioning_model": item.get("scheduling", {}).get("provisioningModel", "STANDARD")}
+    return {
+        "id": name,
+        "numeric_id": item.get("id"),
+        "zone": str(item.get("zone", "")).rsplit("/", 1)[-1],
+        "instance_type": str(item.get("machineType", "")).rsplit("/", 1)[-1],
+        "state": state,
+        "reason": reason,
+        "host": access.get("natIP") or nic.get("networkIP", ""),
+        "private_ip": nic.get("networkIP"),
+        "labels": dict(item.get("labels", {})),
+        "cluster": meta.get("spotrun-cluster", ""),
+        "idempotency_key": meta.get("spotrun-idempotency-key", ""),
+        "host_public_key": meta.get("spotrun-host-key", ""),
+        "price": float(meta.get("spotrun-price") or 0.0),
+        "on_demand": float(meta.get("spotrun-on-demand") or 0.0),
+        "created": item.get("creationTimestamp"),
+        "provisioning_model": item.get("scheduling", {}).get("provisioningModel", "STANDARD"),
+    }
 
 
 def preempted_instance(name: str, zone: str, message: str) -> dict[str, Any]:
@@ -175,8 +222,9 @@ def sku_rate_key(sku: Mapping[str, Any]) -> tuple[str, str] | None:
     return f"{found['family'].lower()}/{found['part'].lower()}", kind
 
 
-def parse_billing_skus(skus: Any, rates: dict[str, dict[str, dict[str, float]]] | None = None
-                       ) -> dict[str, dict[str, dict[str, float]]]:
+def parse_billing_skus(
+    skus: Any, rates: dict[str, dict[str, dict[str, float]]] | None = None
+) -> dict[str, dict[str, dict[str, float]]]:
     """{region: {rate key: {"spot"|"on_demand": USD per hour (core, GPU) or per GiB-hour (RAM)}}}
     from Cloud Billing Catalog SKUs (`skus` of one or more `services.skus.list` pages), added to
     `rates`. Only Compute SKUs with usage type OnDemand or Preemptible, the expected usage unit
@@ -199,8 +247,9 @@ def parse_billing_skus(skus: Any, rates: dict[str, dict[str, dict[str, float]]] 
     return rates
 
 
-def catalog_price(machine_type: str, region: str, rates: Mapping[str, Mapping[str, Mapping[str, float]]]
-                  ) -> tuple[float, float] | None:
+def catalog_price(
+    machine_type: str, region: str, rates: Mapping[str, Mapping[str, Mapping[str, float]]]
+) -> tuple[float, float] | None:
     """(spot, on-demand) $/h of `machine_type` in `region` from parse_billing_skus' `rates`:
     vCPUs x core rate + GiB x RAM rate + GPUs x GPU rate of its family; None when a rate is
     missing (an unknown type, a region without the family or GPU)."""

@@ -15,18 +15,27 @@ from __future__ import annotations
 from typing import Any
 
 from libcloud.compute.drivers.gce import GCEConnection, GCENodeDriver
-
 from spotrun.providers.gcp.provider import COMPUTE_SCOPES, endpoint_parts
 
 
 class SpotrunGCEConnection(GCEConnection):
-    def __init__(self, user_id: str, key: str, secure: bool, auth_type: Any = None, credential_file: Any = None,
-                 project: Any = None, endpoint_url: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        user_id: str,
+        key: str,
+        secure: bool,
+        auth_type: Any = None,
+        credential_file: Any = None,
+        project: Any = None,
+        endpoint_url: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         if endpoint_url:
             host, port, secure = endpoint_parts(endpoint_url)
             kwargs.update(host=host, port=port)
-        super().__init__(user_id, key, secure, auth_type=auth_type, credential_file=credential_file,
-                         project=project, **kwargs)
+        super().__init__(
+            user_id, key, secure, auth_type=auth_type, credential_file=credential_file, project=project, **kwargs
+        )
 
 
 class SpotrunGCEDriver(GCENodeDriver):
@@ -34,11 +43,26 @@ class SpotrunGCEDriver(GCENodeDriver):
 
     connectionCls = SpotrunGCEConnection
 
-    def __init__(self, client_email: str, private_key: str, *, project: str, credential_file: str,
-                 endpoint_url: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        client_email: str,
+        private_key: str,
+        *,
+        project: str,
+        credential_file: str,
+        endpoint_url: str | None = None,
+        timeout: float = 60.0,
+    ) -> None:
         self._endpoint_url = endpoint_url
-        super().__init__(client_email, private_key, project=project, auth_type="SA", scopes=COMPUTE_SCOPES,
-                         credential_file=credential_file, timeout=timeout)
+        super().__init__(
+            client_email,
+            private_key,
+            project=project,
+            auth_type="SA",
+            scopes=COMPUTE_SCOPES,
+            credential_file=credential_file,
+            timeout=timeout,
+        )
 
     def _ex_connection_class_kwargs(self) -> dict[str, Any]:
         return {**super()._ex_connection_class_kwargs(), "endpoint_url": self._endpoint_url}

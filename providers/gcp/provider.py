@@ -63,11 +63,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from spotrun.providers.base import Instance, LaunchSpec, Offer
+from spotrun.providers.gcp import api as gcp_api
+
 from spotrun import log
 from spotrun.errors import CapacityError, ProviderError
 from spotrun.paths import spotrun_home
-from spotrun.providers.gcp import api as gcp_api
-from spotrun.providers.base import Instance, LaunchSpec, Offer
 
 _log = log.get("providers.gcp")
 
@@ -81,11 +82,19 @@ BILLING_TIMEOUT_S = 60.0
 BILLING_MAX_PAGES = 100
 
 # Error codes (operation errors and API error reasons) that mean "no capacity or quota here now".
-CAPACITY_CODES = frozenset({
-    "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_POOL_EXHAUSTED",
-    "QUOTA_EXCEEDED", "quotaExceeded", "REGION_QUOTA_EXCEEDED", "UNSUPPORTED_OPERATION_SPOT_CAPACITY",
-    "RESOURCE_NOT_AVAILABLE", "STOCKOUT",
-})
+CAPACITY_CODES = frozenset(
+    {
+        "ZONE_RESOURCE_POOL_EXHAUSTED",
+        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+        "RESOURCE_POOL_EXHAUSTED",
+        "QUOTA_EXCEEDED",
+        "quotaExceeded",
+        "REGION_QUOTA_EXCEEDED",
+        "UNSUPPORTED_OPERATION_SPOT_CAPACITY",
+        "RESOURCE_NOT_AVAILABLE",
+        "STOCKOUT",
+    }
+)
 EXISTS_CODES = frozenset({"alreadyExists", "RESOURCE_ALREADY_EXISTS"})
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 
@@ -108,17 +117,22 @@ def service_account(credentials_file: str | None = None) -> dict[str, Any]:
     Raises ProviderError naming what to set when it is missing, unreadable or not a service key."""
     path = credentials_file or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
     if not path:
-        raise ProviderError("no GCP credentials found",
-                            hint="set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON key file")
+        raise ProviderError(
+            "no GCP credentials found", hint="set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON key file"
+        )
     try:
         data = json.loads(Path(path).expanduser().read_text())
     except (OSError, ValueError) as exc:
-        raise ProviderError(f"cannot read GCP credentials {path}: {exc}",
-                            hint="set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON key file") from exc
+        raise ProviderError(
+            f"cannot read GCP credentials {path}: {exc}",
+            hint="set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON key file",
+        ) from exc
     if data.get("type") != "service_account" or not data.get("client_email") or not data.get("private_key"):
-        raise ProviderError(f"GCP credentials {path} are not a service-account key",
-                            hint="create one with `gcloud iam service-accounts keys create` and point "
-                                 "GOOGLE_APPLICATION_CREDENTIALS at it")
+        raise ProviderError(
+            f"GCP credentials {path} are not a service-account key",
+            hint="create one with `gcloud iam service-accounts keys create` and point "
+            "GOOGLE_APPLICATION_CREDENTIALS at it",
+        )
     return data
 
 
@@ -131,22 +145,38 @@ class GcpProvider:
     supports_purge = False
     supports_cleanup = True
 
-    def __init__(self, project: str | None = None, *, zones: Sequence[str] | None = None,
-                 credentials_file: str | None = None, endpoint_url: str | None = None, image: str | None = None,
-                 ssh_user: str = "ubuntu", ssh_cidr: str = "0.0.0.0/0", network: str = "global/networks/default",
-                 disk_gb: int = 200, launch_timeout: float = 300.0, poll_s: float = 2.0,
-                 billing_endpoint_url: str | None = None, price_ttl_s: float = 86400.0) -> None:
+    def __init__(
+        self,
+        project: str | None = None,
+        *,
+        zones: Sequence[str] | None = None,
+        credentials_file: str | None = None,
+        endpoint_url: str | None = None,
+        image: str | None = None,
+        ssh_user: str = "ubuntu",
+        ssh_cidr: str = "0.0.0.0/0",
+        network: str = "global/networks/default",
+        disk_gb: int = 200,
+        launch_timeout: float = 300.0,
+        poll_s: float = 2.0,
+        billing_endpoint_url: str | None = None,
+        price_ttl_s: float = 86400.0,
+    ) -> None:
         """`price_ttl_s`: the Billing Catalog's parsed rates are reused for this long."""
         env_zones = [z.strip() for z in os.environ.get("SPOTRUN_GCP_ZONES", "").split(",") if z.strip()]
         self.zones = list(zones or env_zones or DEFAULT_ZONES)
         self.credentials_file = credentials_file
         self._project = project or os.environ.get("SPOTRUN_GCP_PROJECT") or os.environ.get("GOOGLE_CLOUD_PROJECT")
         self.endpoint_url = endpoint_url or os.environ.get("SPOTRUN_GCP_ENDPOINT_URL") or None
-        self.billing_endpoint_url = (billing_endpoint_url or os.environ.get("SPOTRUN_GCP_BILLING_ENDPOINT_URL")
-                                     or self.endpoint_url or BILLING_ENDPOINT)
+        self.billing_endpoint_url = (
+            billing_endpoint_url
+            or os.environ.get("SPOTRUN_GCP_BILLING_ENDPOINT_URL")
+            or self.endpoint_url
+            or BILLING_ENDPOINT
+        )
         self.price_ttl_s = price_ttl_s
         self._catalog_fetched_at: float | None = None
-        self._catalog_priced: set[tuple[str, str]] = set()   # (region, type) priced from the catalog
+        self._catalog_priced: set[tuple[str, str]] = set()  # (region, type) priced from the catalog
         self.image = image or os.environ.get("SPOTRUN_GCP_IMAGE") or DEFAULT_IMAGE
         self.ssh_user, self.ssh_cidr, self.network, self.disk_gb = ssh_user, ssh_cidr, network, disk_gb
         self.launch_timeout, self.poll_s = launch_timeout, poll_s
@@ -169,15 +199,26 @@ class GcpProvider:
                 prices = gcp_api.family_price(machine_type, region)
                 if prices is None:
                     if catalog is None:
-                        catalog = self._catalog_rates() or {}    # {}: failed, not retried in this call
+                        catalog = self._catalog_rates() or {}  # {}: failed, not retried in this call
                     prices = gcp_api.catalog_price(machine_type, region, catalog)
                     if prices is None:
                         continue
                     priced.add((region, machine_type))
                 for spot in (True, False):
-                    found.append(Offer(provider=self.name, region=region, zone=zone, instance_type=machine_type,
-                                       cpus=cpus, gpus=gpus, gpu_name=gpu_name, spot_price=prices[0],
-                                       on_demand_price=prices[1], spot=spot))
+                    found.append(
+                        Offer(
+                            provider=self.name,
+                            region=region,
+                            zone=zone,
+                            instance_type=machine_type,
+                            cpus=cpus,
+                            gpus=gpus,
+                            gpu_name=gpu_name,
+                            spot_price=prices[0],
+                            on_demand_price=prices[1],
+                            spot=spot,
+                        )
+                    )
         self._catalog_priced = priced
         return found
 
@@ -196,11 +237,13 @@ class GcpProvider:
         zone = spec.offer.zone
         self._ensure_firewalls(spec.cluster)
         wanted = [gcp_api.instance_name(spec.cluster, spec.idempotency_key, i) for i in range(spec.count)]
-        listed = self._list(f"/zones/{zone}/instances",
-                            f'labels.spotrun-key = "{gcp_api.label(spec.idempotency_key)}"')
-        existing = {item["name"] for item in listed
-                    if _meta(item).get("spotrun-idempotency-key") == spec.idempotency_key
-                    and _meta(item).get("spotrun-cluster") == spec.cluster}
+        listed = self._list(f"/zones/{zone}/instances", f'labels.spotrun-key = "{gcp_api.label(spec.idempotency_key)}"')
+        existing = {
+            item["name"]
+            for item in listed
+            if _meta(item).get("spotrun-idempotency-key") == spec.idempotency_key
+            and _meta(item).get("spotrun-cluster") == spec.cluster
+        }
         missing = [i for i, name in enumerate(wanted) if name not in existing]
         if missing:
             with ThreadPoolExecutor(max_workers=min(len(missing), 16)) as pool:
@@ -214,17 +257,30 @@ class GcpProvider:
         items = self._aggregated("instances", f'labels.spotrun-cluster = "{gcp_api.label(cluster)}"')
         preempted_ops = self._aggregated("operations", 'operationType = "compute.instances.preempted"')
         pattern = name_pattern(cluster)
-        mine = {op_name: op for op in preempted_ops
-                if pattern.match(op_name := str(op.get("targetLink", "")).rsplit("/", 1)[-1])}
+        mine = {
+            op_name: op
+            for op in preempted_ops
+            if pattern.match(op_name := str(op.get("targetLink", "")).rsplit("/", 1)[-1])
+        }
         reasons = gcp_api.preempted({"items": list(mine.values())})
-        found = [self._instance(gcp_api.parse_instance(item, reasons)) for item in items
-                 if _meta(item).get("spotrun-cluster") == cluster]
+        found = [
+            self._instance(gcp_api.parse_instance(item, reasons))
+            for item in items
+            if _meta(item).get("spotrun-cluster") == cluster
+        ]
         listed = {i.id for i in found}
         for name, op in mine.items():
             if name not in listed:
                 zone = str(op.get("zone", "")).rsplit("/", 1)[-1]
-                found.append(self._instance({**gcp_api.preempted_instance(name, zone, reasons[name]),
-                                             "cluster": cluster, "created": op.get("insertTime")}))
+                found.append(
+                    self._instance(
+                        {
+                            **gcp_api.preempted_instance(name, zone, reasons[name]),
+                            "cluster": cluster,
+                            "created": op.get("insertTime"),
+                        }
+                    )
+                )
         return sorted(found, key=lambda i: (i.launched_at, i.id))
 
     def terminate(self, ids: Sequence[str]) -> None:
@@ -233,8 +289,11 @@ class GcpProvider:
         wanted = set(ids)
         if not wanted:
             return
-        zones = {item["name"]: str(item.get("zone", "")).rsplit("/", 1)[-1]
-                 for item in self._aggregated("instances", 'labels.spotrun = "1"') if item.get("name") in wanted}
+        zones = {
+            item["name"]: str(item.get("zone", "")).rsplit("/", 1)[-1]
+            for item in self._aggregated("instances", 'labels.spotrun = "1"')
+            if item.get("name") in wanted
+        }
 
         def delete(name: str) -> None:
             self._call("DELETE", f"/zones/{zones[name]}/instances/{name}", wait=True, ignore_missing=True)
@@ -277,8 +336,10 @@ class GcpProvider:
         try:
             rates, fetched_at = cached(f"gcp-billing-v1-{where}", self.price_ttl_s, fetch)
         except (ProviderError, OSError) as exc:
-            _log.warning("GCP GPU machine types not offered: no Cloud Billing Catalog prices",
-                         extra=log.kv(error=str(exc).replace("\n", " ")[:300]))
+            _log.warning(
+                "GCP GPU machine types not offered: no Cloud Billing Catalog prices",
+                extra=log.kv(error=str(exc).replace("\n", " ")[:300]),
+            )
             return None
         self._catalog_fetched_at = fetched_at
         return rates
@@ -295,11 +356,14 @@ class GcpProvider:
         try:
             page = connection.request(path, method="GET", params=dict(params)).object
         except GoogleBaseError as exc:
-            raise ProviderError(f"Cloud Billing GET {path} failed: {exc.code or exc.http_code}: {_describe(exc)}",
-                                hint="enable the Cloud Billing API in the project") from exc
-        except Exception as exc:   # transport errors
-            raise ProviderError(f"Cloud Billing GET {path} failed: cannot talk to {self.billing_endpoint_url}: "
-                                f"{_describe(exc)}") from exc
+            raise ProviderError(
+                f"Cloud Billing GET {path} failed: {exc.code or exc.http_code}: {_describe(exc)}",
+                hint="enable the Cloud Billing API in the project",
+            ) from exc
+        except Exception as exc:  # transport errors
+            raise ProviderError(
+                f"Cloud Billing GET {path} failed: cannot talk to {self.billing_endpoint_url}: {_describe(exc)}"
+            ) from exc
         if not isinstance(page, dict):
             raise ProviderError(f"Cloud Billing GET {path} answered {type(page).__name__}, not a JSON object")
         return page
@@ -307,13 +371,26 @@ class GcpProvider:
     def _ensure_firewalls(self, cluster: str) -> None:
         tag = network_tag(cluster)
         rules = [
-            {"name": f"{tag}-ssh", "network": self.network, "direction": "INGRESS", "priority": 1000,
-             "description": f"spotrun cluster {cluster}: SSH", "sourceRanges": [self.ssh_cidr],
-             "targetTags": [tag], "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}]},
-            {"name": f"{tag}-internal", "network": self.network, "direction": "INGRESS", "priority": 1000,
-             "description": f"spotrun cluster {cluster}: etcd, rendezvous, NCCL between members",
-             "sourceTags": [tag], "targetTags": [tag],
-             "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}]},
+            {
+                "name": f"{tag}-ssh",
+                "network": self.network,
+                "direction": "INGRESS",
+                "priority": 1000,
+                "description": f"spotrun cluster {cluster}: SSH",
+                "sourceRanges": [self.ssh_cidr],
+                "targetTags": [tag],
+                "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+            },
+            {
+                "name": f"{tag}-internal",
+                "network": self.network,
+                "direction": "INGRESS",
+                "priority": 1000,
+                "description": f"spotrun cluster {cluster}: etcd, rendezvous, NCCL between members",
+                "sourceTags": [tag],
+                "targetTags": [tag],
+                "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}],
+            },
         ]
         for rule in rules:
             self._call("POST", "/global/firewalls", rule, wait=True, ignore_exists=True)
@@ -323,12 +400,19 @@ class GcpProvider:
 
         host_key = new_host_key()
         body = gcp_api.instance_body(
-            spec, index=index, image=self.image, host_public_key=host_key.public, ssh_user=self.ssh_user,
+            spec,
+            index=index,
+            image=self.image,
+            host_public_key=host_key.public,
+            ssh_user=self.ssh_user,
             user_data=user_data(host_key, spec.ssh_public_key, cluster=spec.cluster, ssh_user=self.ssh_user),
-            network=self.network, disk_gb=self.disk_gb)
+            network=self.network,
+            disk_gb=self.disk_gb,
+        )
         self._call("POST", f"/zones/{spec.offer.zone}/instances", body, wait=True, ignore_exists=True)
-        _log.info("created GCE instance", extra=log.kv(name=body["name"], zone=spec.offer.zone,
-                                                       type=spec.offer.instance_type))
+        _log.info(
+            "created GCE instance", extra=log.kv(name=body["name"], zone=spec.offer.zone, type=spec.offer.instance_type)
+        )
 
     def _wait_running(self, zone: str, names: list[str]) -> None:
         deadline = time.monotonic() + self.launch_timeout
@@ -340,28 +424,53 @@ class GcpProvider:
                 if status == "RUNNING":
                     pending.discard(name)
                 elif status in ("STOPPING", "TERMINATED", "SUSPENDED", "DELETED"):
-                    raise CapacityError(f"GCE Spot VM {name} in {zone} stopped while starting ({status})",
-                                        hint="the zone is short of Spot capacity; try another zone or type")
+                    raise CapacityError(
+                        f"GCE Spot VM {name} in {zone} stopped while starting ({status})",
+                        hint="the zone is short of Spot capacity; try another zone or type",
+                    )
             if pending and time.monotonic() > deadline:
-                raise ProviderError(f"GCE VMs {', '.join(sorted(pending))} not running after {self.launch_timeout:.0f}s")
+                raise ProviderError(
+                    f"GCE VMs {', '.join(sorted(pending))} not running after {self.launch_timeout:.0f}s"
+                )
             if pending:
                 time.sleep(self.poll_s)
 
     def _instance(self, fields: Mapping[str, Any]) -> Instance:
         created = fields.get("created")
-        labels = {k: v for k, v in dict(fields.get("labels") or {}).items()
-                  if k not in ("spotrun", "spotrun-cluster", "spotrun-key")}
+        labels = {
+            k: v
+            for k, v in dict(fields.get("labels") or {}).items()
+            if k not in ("spotrun", "spotrun-cluster", "spotrun-key")
+        }
         return Instance(
-            id=fields["id"], cluster=fields.get("cluster", ""), provider=self.name, zone=fields.get("zone", ""),
-            instance_type=fields.get("instance_type", ""), state=fields["state"], reason=fields.get("reason"),
-            host=fields.get("host", ""), ssh_port=22, ssh_user=self.ssh_user,
-            host_public_key=fields.get("host_public_key", ""), metadata_url=METADATA_URL,
-            price_per_hour=fields.get("price", 0.0), on_demand_per_hour=fields.get("on_demand", 0.0),
+            id=fields["id"],
+            cluster=fields.get("cluster", ""),
+            provider=self.name,
+            zone=fields.get("zone", ""),
+            instance_type=fields.get("instance_type", ""),
+            state=fields["state"],
+            reason=fields.get("reason"),
+            host=fields.get("host", ""),
+            ssh_port=22,
+            ssh_user=self.ssh_user,
+            host_public_key=fields.get("host_public_key", ""),
+            metadata_url=METADATA_URL,
+            price_per_hour=fields.get("price", 0.0),
+            on_demand_per_hour=fields.get("on_demand", 0.0),
             launched_at=datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else 0.0,
-            labels={**labels, "cluster": fields.get("cluster", ""), "idempotency_key": fields.get("idempotency_key", "")},
-            extra={"numeric_id": fields.get("numeric_id"), "private_ip": fields.get("private_ip"),
-                   "provisioning_model": fields.get("provisioning_model"), "notice_protocol": self.notice_protocol,
-                   "project": self.project})
+            labels={
+                **labels,
+                "cluster": fields.get("cluster", ""),
+                "idempotency_key": fields.get("idempotency_key", ""),
+            },
+            extra={
+                "numeric_id": fields.get("numeric_id"),
+                "private_ip": fields.get("private_ip"),
+                "provisioning_model": fields.get("provisioning_model"),
+                "notice_protocol": self.notice_protocol,
+                "project": self.project,
+            },
+        )
 
     def _list(self, path: str, filter_: str) -> list[dict[str, Any]]:
         items, params = [], {"filter": filter_}
@@ -402,20 +511,34 @@ class GcpProvider:
             where = hashlib.sha256(" ".join([self.endpoint_url or "google", *COMPUTE_SCOPES]).encode()).hexdigest()[:8]
             token_dir.mkdir(parents=True, exist_ok=True)
             try:
-                driver = SpotrunGCEDriver(account["client_email"], account["private_key"], project=self.project,
-                                          endpoint_url=self.endpoint_url,
-                                          credential_file=str(token_dir / f"token-{self.project}-{where}.json"))
-            except Exception as exc:   # libcloud's auth errors share no base class with ours
-                raise ProviderError(f"GCP rejected the service-account key of {account['client_email']}: "
-                                    f"{_describe(exc)}",
-                                    hint="check GOOGLE_APPLICATION_CREDENTIALS and the account's roles") from exc
+                driver = SpotrunGCEDriver(
+                    account["client_email"],
+                    account["private_key"],
+                    project=self.project,
+                    endpoint_url=self.endpoint_url,
+                    credential_file=str(token_dir / f"token-{self.project}-{where}.json"),
+                )
+            except Exception as exc:  # libcloud's auth errors share no base class with ours
+                raise ProviderError(
+                    f"GCP rejected the service-account key of {account['client_email']}: {_describe(exc)}",
+                    hint="check GOOGLE_APPLICATION_CREDENTIALS and the account's roles",
+                ) from exc
             driver.connection.poll_interval = self.poll_s
             driver.connection.timeout = self.launch_timeout
             self._local.driver = driver
         return driver
 
-    def _call(self, method: str, path: str, data: Any = None, *, params: Mapping[str, str] | None = None,
-              wait: bool = False, ignore_missing: bool = False, ignore_exists: bool = False) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        data: Any = None,
+        *,
+        params: Mapping[str, str] | None = None,
+        wait: bool = False,
+        ignore_missing: bool = False,
+        ignore_exists: bool = False,
+    ) -> Any:
         """One Compute API call (relative to the project); `wait` polls the returned operation
         until DONE. Google errors become CapacityError / ProviderError; a 404 with
         `ignore_missing` and an `alreadyExists` with `ignore_exists` return None."""
@@ -433,13 +556,16 @@ class GcpProvider:
             if ignore_exists and code in EXISTS_CODES:
                 return None
             if code in CAPACITY_CODES:
-                raise CapacityError(f"GCE {method} {path}: {code}: {_describe(exc)}",
-                                    hint="try another zone, machine type or region") from exc
+                raise CapacityError(
+                    f"GCE {method} {path}: {code}: {_describe(exc)}", hint="try another zone, machine type or region"
+                ) from exc
             if exc.http_code in (401, 403):
-                raise ProviderError(f"GCP refused {method} {path}: {_describe(exc)}",
-                                    hint="check GOOGLE_APPLICATION_CREDENTIALS and the account's Compute roles") from exc
+                raise ProviderError(
+                    f"GCP refused {method} {path}: {_describe(exc)}",
+                    hint="check GOOGLE_APPLICATION_CREDENTIALS and the account's Compute roles",
+                ) from exc
             raise ProviderError(f"GCE {method} {path} failed: {code or exc.http_code}: {_describe(exc)}") from exc
-        except Exception as exc:   # transport errors, operation timeouts
+        except Exception as exc:  # transport errors, operation timeouts
             where = self.endpoint_url or "the Compute Engine API"
             raise ProviderError(f"GCE {method} {path} failed: cannot talk to {where}: {_describe(exc)}") from exc
 
@@ -456,8 +582,9 @@ def _billing_connection(compute: Any, endpoint_url: str, timeout: float) -> Any:
         def __init__(self) -> None:
             host, port, secure = endpoint_parts(endpoint_url)
             # Not GoogleBaseConnection.__init__: it would build a second credential (and token).
-            ConnectionUserAndKey.__init__(self, compute.user_id, compute.key, secure=secure, host=host, port=port,
-                                          timeout=timeout)
+            ConnectionUserAndKey.__init__(
+                self, compute.user_id, compute.key, secure=secure, host=host, port=port, timeout=timeout
+            )
             self.oauth2_credential = compute.oauth2_credential
 
     return BillingConnection()

@@ -155,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "spotrun-metadata"
     sys_version = ""
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the agent polls every second or two and the VM log would fill up."""
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -179,7 +179,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.server.state
 
     # -- verbs --------------------------------------------------------------------------------
-    def do_PUT(self) -> None:  # noqa: N802 - stdlib naming
+    def do_PUT(self) -> None:
         path, _ = self._split()
         if path != "/latest/api/token":
             return self._send(404, "Not Found")
@@ -192,7 +192,7 @@ class _Handler(BaseHTTPRequestHandler):
         token = self._state.new_token(ttl)
         self._send(200, token, {"X-aws-ec2-metadata-token-ttl-seconds": str(ttl)})
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def do_GET(self) -> None:
         path, query = self._split()
         if path.startswith("/latest/"):
             return self._aws(path)
@@ -202,7 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._azure_get(path, query)
         self._send(404, "Not Found")
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+    def do_POST(self) -> None:
         path, query = self._split()
         if path != "/metadata/scheduledevents":
             return self._send(404, "Not Found")

@@ -34,12 +34,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from spotrun.providers.base import NOTICE_PROTOCOLS, Instance, InstanceState, LaunchSpec, NoticeProtocol, Offer
+from spotrun.providers.local.metadata import arm_notice, iso_utc, read_json, read_notice, write_json_atomic
+from spotrun.providers.local.vm import MODULE, SHARED, VmFiles, VmStartError, log_tail
+
 from spotrun import log
 from spotrun.errors import CapacityError, NotFoundError, ProviderError
 from spotrun.paths import spotrun_home
-from spotrun.providers.base import NOTICE_PROTOCOLS, Instance, InstanceState, LaunchSpec, NoticeProtocol, Offer
-from spotrun.providers.local.vm import MODULE, SHARED, VmFiles, VmStartError, log_tail
-from spotrun.providers.local.metadata import arm_notice, iso_utc, read_json, read_notice, write_json_atomic
 
 _log = log.get("providers.local")
 
@@ -61,9 +62,16 @@ class LocalProvider:
     supports_purge = True
     supports_capacity = True  # set_capacity(): a trace replay limits how many VMs a cluster may get
 
-    def __init__(self, root: Path | None = None, prices: Mapping[str, Mapping[str, Any]] | None = None,
-                 notice_protocol: NoticeProtocol = "aws", *, sshd: str | None = None,
-                 sshd_extra_config: Sequence[str] = (), launch_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        root: Path | None = None,
+        prices: Mapping[str, Mapping[str, Any]] | None = None,
+        notice_protocol: NoticeProtocol = "aws",
+        *,
+        sshd: str | None = None,
+        sshd_extra_config: Sequence[str] = (),
+        launch_timeout: float = 20.0,
+    ) -> None:
         """`prices`: {instance_type: {spot, on_demand, cpus, gpus[, gpu_name, boot_s]}}; `boot_s`
         delays each VM's sshd like a cloud VM's boot (default 0). `sshd`: the sshd
         binary (absolute). `sshd_extra_config`: lines appended to every VM's sshd_config.
@@ -81,10 +89,22 @@ class LocalProvider:
     # -- protocol -----------------------------------------------------------------------------
     def offers(self) -> list[Offer]:
         """A spot and an on-demand offer per instance type of the price table. Non-blocking."""
-        return [Offer(provider=self.name, region=REGION, zone=ZONE, instance_type=itype, cpus=int(p["cpus"]),
-                      gpus=int(p.get("gpus", 0)), gpu_name=p.get("gpu_name"), spot_price=float(p["spot"]),
-                      on_demand_price=float(p["on_demand"]), spot=spot)
-                for itype, p in sorted(self.prices.items()) for spot in (True, False)]
+        return [
+            Offer(
+                provider=self.name,
+                region=REGION,
+                zone=ZONE,
+                instance_type=itype,
+                cpus=int(p["cpus"]),
+                gpus=int(p.get("gpus", 0)),
+                gpu_name=p.get("gpu_name"),
+                spot_price=float(p["spot"]),
+                on_demand_price=float(p["on_demand"]),
+                spot=spot,
+            )
+            for itype, p in sorted(self.prices.items())
+            for spot in (True, False)
+        ]
 
     def launch(self, spec: LaunchSpec) -> list[str]:
         """Start the VMs of `spec` in parallel; blocks until each accepts SSH and its metadata
@@ -98,8 +118,10 @@ class LocalProvider:
             wanted = spec.count - len(existing)
             room = self._room(spec.cluster)
             if wanted > 0 and room == 0:
-                raise CapacityError(f"local cloud: no capacity for cluster {spec.cluster!r} (trace replay)",
-                                    hint="capacity returns when the trace says so")
+                raise CapacityError(
+                    f"local cloud: no capacity for cluster {spec.cluster!r} (trace replay)",
+                    hint="capacity returns when the trace says so",
+                )
             new = [self._create(spec) for _ in range(min(wanted, room))]
         if new:
             with ThreadPoolExecutor(max_workers=min(len(new), 16)) as pool:
@@ -188,11 +210,15 @@ class LocalProvider:
     # -- launch internals ---------------------------------------------------------------------
     def _check_host(self) -> None:
         if os.geteuid() != 0:
-            raise ProviderError("the local provider needs root (it creates PID and mount namespaces)",
-                                hint="run spotrun as root, e.g. in a container or VM")
+            raise ProviderError(
+                "the local provider needs root (it creates PID and mount namespaces)",
+                hint="run spotrun as root, e.g. in a container or VM",
+            )
         if not self.sshd or not os.path.isabs(self.sshd) or not shutil.which("unshare"):
-            raise ProviderError(f"the local provider needs OpenSSH's sshd (absolute path) and unshare; sshd={self.sshd!r}",
-                                hint="install openssh-server and util-linux")
+            raise ProviderError(
+                f"the local provider needs OpenSSH's sshd (absolute path) and unshare; sshd={self.sshd!r}",
+                hint="install openssh-server and util-linux",
+            )
 
     @contextmanager
     def _launch_lock(self) -> Iterator[None]:
@@ -221,9 +247,17 @@ class LocalProvider:
             except FileExistsError:
                 continue
         files = VmFiles(root)
-        write_json_atomic(files.labels, {"id": vm_id, "cluster": spec.cluster, "idempotency_key": spec.idempotency_key,
-                                         "offer": asdict(spec.offer), "labels": dict(spec.labels),
-                                         "created_at": time.time()})
+        write_json_atomic(
+            files.labels,
+            {
+                "id": vm_id,
+                "cluster": spec.cluster,
+                "idempotency_key": spec.idempotency_key,
+                "offer": asdict(spec.offer),
+                "labels": dict(spec.labels),
+                "created_at": time.time(),
+            },
+        )
         return vm_id
 
     def _boot(self, vm_id: str, spec: LaunchSpec) -> tuple[str, str, Path] | None:
@@ -248,21 +282,35 @@ class LocalProvider:
     def _prepare(self, files: VmFiles, vm_id: str, spec: LaunchSpec) -> None:
         files.logs.mkdir(exist_ok=True)
         files.home.mkdir(mode=0o700, exist_ok=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", vm_id, "-f", str(files.host_key)],
-                       check=True, capture_output=True, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", vm_id, "-f", str(files.host_key)],
+            check=True,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+        )
         files.authorized_keys.write_text(spec.ssh_public_key.strip() + "\n")
         files.authorized_keys.chmod(0o600)
         path = vm_path()
         files.profile.write_text(PROFILE.format(path=path))
         host_key = " ".join(files.host_key.with_name(files.host_key.name + ".pub").read_text().split()[:2])
-        write_json_atomic(files.config, {
-            "id": vm_id, "cluster": spec.cluster, "notice_protocol": self.notice_protocol,
-            "zone": spec.offer.zone, "instance_type": spec.offer.instance_type, "login_user": self.login_user,
-            "sshd": self.sshd, "sshd_extra": sshd_version_options(self.sshd) + self.sshd_extra_config,
-            "path": path, "ready_timeout": self.launch_timeout, "host_public_key": host_key,
-            "boot_s": self._boot_s(spec.offer.instance_type),
-            "shared_dir": str(self.shared_dir(spec.cluster)),
-        })
+        write_json_atomic(
+            files.config,
+            {
+                "id": vm_id,
+                "cluster": spec.cluster,
+                "notice_protocol": self.notice_protocol,
+                "zone": spec.offer.zone,
+                "instance_type": spec.offer.instance_type,
+                "login_user": self.login_user,
+                "sshd": self.sshd,
+                "sshd_extra": sshd_version_options(self.sshd) + self.sshd_extra_config,
+                "path": path,
+                "ready_timeout": self.launch_timeout,
+                "host_public_key": host_key,
+                "boot_s": self._boot_s(spec.offer.instance_type),
+                "shared_dir": str(self.shared_dir(spec.cluster)),
+            },
+        )
 
     def _boot_s(self, instance_type: str) -> float:
         """Emulated launch-to-SSH time of this type (price table key `boot_s`, default 0)."""
@@ -272,8 +320,9 @@ class LocalProvider:
         cmd = init_command(files.root)
         with open(files.log, "ab") as out:
             # Own session and no terminal: the VM outlives the spotrun process that launched it.
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd="/")
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd="/"
+            )
         write_json_atomic(files.launch, {"pid": proc.pid, "at": time.time()})
         return proc
 
@@ -325,12 +374,15 @@ class LocalProvider:
         deadline = time.monotonic() + KILL_WAIT_S
         while self._pids(files):
             if time.monotonic() > deadline:
-                raise ProviderError(f"local VM {files.root.name} survived SIGKILL for {KILL_WAIT_S:g}s",
-                                    hint=f"check processes {self._pids(files)}")
+                raise ProviderError(
+                    f"local VM {files.root.name} survived SIGKILL for {KILL_WAIT_S:g}s",
+                    hint=f"check processes {self._pids(files)}",
+                )
             time.sleep(0.01)
 
-    def _observe(self, files: VmFiles, labels: Mapping[str, Any],
-                 ports: frozenset[int]) -> tuple[InstanceState, str | None]:
+    def _observe(
+        self, files: VmFiles, labels: Mapping[str, Any], ports: frozenset[int]
+    ) -> tuple[InstanceState, str | None]:
         """The VM's state; `ports` are the loopback ports something listens on (_listening_ports)."""
         if files.terminated.exists():
             return InstanceState.TERMINATED, None
@@ -341,8 +393,9 @@ class LocalProvider:
             running = state.get("phase") == "running" and int(state.get("ssh_port", 0)) in ports
             return (InstanceState.RUNNING if running else InstanceState.PENDING), None
         if (notice := read_notice(files.root)) is not None:
-            return InstanceState.PREEMPTED, (f"spot preemption: notice at {iso_utc(notice.notice_at)}, "
-                                             f"deadline {iso_utc(notice.deadline)}")
+            return InstanceState.PREEMPTED, (
+                f"spot preemption: notice at {iso_utc(notice.notice_at)}, deadline {iso_utc(notice.deadline)}"
+            )
         if not files.launch.exists() and time.time() - float(labels.get("created_at", 0)) < self.launch_timeout:
             return InstanceState.PENDING, None  # labelled, its launcher has not started it yet
         return InstanceState.FAILED, state.get("reason") or f"the VM's processes are gone (log: {files.log})"
@@ -353,19 +406,34 @@ class LocalProvider:
         notice = read_notice(files.root)
         spot = bool(offer.get("spot", True))
         return Instance(
-            id=files.root.name, cluster=labels["cluster"], provider=self.name, zone=offer.get("zone", ZONE),
-            instance_type=offer.get("instance_type", ""), state=vm_state, reason=reason, host="127.0.0.1",
-            ssh_port=int(state.get("ssh_port", 0)), ssh_user=config.get("login_user", self.login_user),
+            id=files.root.name,
+            cluster=labels["cluster"],
+            provider=self.name,
+            zone=offer.get("zone", ZONE),
+            instance_type=offer.get("instance_type", ""),
+            state=vm_state,
+            reason=reason,
+            host="127.0.0.1",
+            ssh_port=int(state.get("ssh_port", 0)),
+            ssh_user=config.get("login_user", self.login_user),
             host_public_key=config.get("host_public_key", ""),
             metadata_url=f"http://127.0.0.1:{state['metadata_port']}" if "metadata_port" in state else "",
             price_per_hour=float(offer.get("spot_price" if spot else "on_demand_price", 0.0)),
             on_demand_per_hour=float(offer.get("on_demand_price", 0.0)),
             launched_at=float(state.get("started_at", labels.get("created_at", 0.0))),
-            labels={**labels.get("labels", {}), "cluster": labels["cluster"], "idempotency_key": labels["idempotency_key"]},
-            extra={"vm_dir": str(files.root), "log": str(files.log), "init_pid": state.get("pid"),
-                   "shared_dir": str(SHARED) if config.get("shared_dir") else None,
-                   "notice_protocol": config.get("notice_protocol", self.notice_protocol),
-                   "notice_deadline": notice.deadline if notice else None},
+            labels={
+                **labels.get("labels", {}),
+                "cluster": labels["cluster"],
+                "idempotency_key": labels["idempotency_key"],
+            },
+            extra={
+                "vm_dir": str(files.root),
+                "log": str(files.log),
+                "init_pid": state.get("pid"),
+                "shared_dir": str(SHARED) if config.get("shared_dir") else None,
+                "notice_protocol": config.get("notice_protocol", self.notice_protocol),
+                "notice_deadline": notice.deadline if notice else None,
+            },
         )
 
 
@@ -389,8 +457,20 @@ def _launch_error(failures: Sequence[tuple[str, str, Path]], launched: int) -> P
 
 def init_command(vm_dir: Path) -> list[str]:
     """The command that runs a VM: its init as PID 1 of new PID and mount namespaces."""
-    return ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private",
-            sys.executable, "-u", "-m", MODULE, str(vm_dir)]
+    return [
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount",
+        "--propagation",
+        "private",
+        sys.executable,
+        "-u",
+        "-m",
+        MODULE,
+        str(vm_dir),
+    ]
 
 
 def vm_path() -> str:
@@ -436,8 +516,10 @@ def _answers(vm_id: str, state: Mapping[str, Any]) -> bool:
         with socket.create_connection(("127.0.0.1", int(state["ssh_port"])), timeout=1.0) as sock:
             if not sock.recv(8).startswith(b"SSH-"):
                 return False
-        req = urllib.request.Request(f"http://127.0.0.1:{state['metadata_port']}/computeMetadata/v1/instance/id",
-                                     headers={"Metadata-Flavor": "Google"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{state['metadata_port']}/computeMetadata/v1/instance/id",
+            headers={"Metadata-Flavor": "Google"},
+        )
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(req, timeout=1.0) as resp:
             return resp.read().decode() == vm_id

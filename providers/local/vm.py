@@ -87,8 +87,16 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
 
 
 def _mount(source: str, target: str | Path, fstype: str | None = None, flags: int = 0, data: str | None = None) -> None:
-    if _libc.mount(source.encode(), str(target).encode(), fstype.encode() if fstype else None, flags,
-                   data.encode() if data else None) != 0:
+    if (
+        _libc.mount(
+            source.encode(),
+            str(target).encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        )
+        != 0
+    ):
         err = ctypes.get_errno()
         raise VmStartError(f"mount {source} on {target} failed: {os.strerror(err)}")
 
@@ -99,13 +107,25 @@ def _covered_paths(home: Path) -> list[Path]:
     The Python that runs spotrun may live in the home (pyenv puts it in ~/.pyenv), and on
     systemd hosts /etc/resolv.conf points into /run.
     """
-    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable)), *sys.path}
+    wanted = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+        *sys.path,
+    }
     resolv = os.path.realpath("/etc/resolv.conf")
     if resolv.startswith("/run/"):
         wanted.add(os.path.dirname(resolv))
-    covered = [Path(p) for p in wanted if p and os.path.isdir(p)
-               and (Path(p).is_relative_to(home) or Path(p).is_relative_to("/run")) and Path(p) not in (home, Path("/run"))]
+    covered = [
+        Path(p)
+        for p in wanted
+        if p
+        and os.path.isdir(p)
+        and (Path(p).is_relative_to(home) or Path(p).is_relative_to("/run"))
+        and Path(p) not in (home, Path("/run"))
+    ]
     # Keep only the outermost: binding a parent brings its children along.
     return sorted(p for p in covered if not any(p != q and p.is_relative_to(q) for q in covered))
 
@@ -135,9 +155,13 @@ def setup_mounts(vm_dir: Path, home: Path, shared: Path | None = None) -> None:
 # -- sshd -------------------------------------------------------------------------------------
 def render_sshd_config(config: dict[str, Any], port: int, metadata_url: str) -> str:
     """sshd_config of the VM; paths are as the VM sees them (under /run/spotrun/vm)."""
-    env = {"SPOTRUN_NODE_ID": config["id"], "SPOTRUN_CLUSTER": config["cluster"],
-           "SPOTRUN_METADATA_URL": metadata_url, "SPOTRUN_NOTICE_PROTOCOL": config["notice_protocol"],
-           "PATH": config["path"]}
+    env = {
+        "SPOTRUN_NODE_ID": config["id"],
+        "SPOTRUN_CLUSTER": config["cluster"],
+        "SPOTRUN_METADATA_URL": metadata_url,
+        "SPOTRUN_NOTICE_PROTOCOL": config["notice_protocol"],
+        "PATH": config["path"],
+    }
     lines = [
         "# Written by the VM init (spotrun.providers.local.vm); paths are as seen inside the VM.",
         f"ListenAddress {config.get('listen_address', '127.0.0.1')}",
@@ -261,10 +285,16 @@ def run(vm_dir: Path) -> int:
     if config.get("boot_s"):  # a cloud VM's launch-to-SSH time, when the recipe emulates one
         _write_state(files, phase="booting")
         time.sleep(float(config["boot_s"]))
-    identity = {"id": config["id"], "name": config["id"], "zone": config["zone"], "instance_type": config["instance_type"]}
+    identity = {
+        "id": config["id"],
+        "name": config["id"],
+        "zone": config["zone"],
+        "instance_type": config["instance_type"],
+    }
     # A VM with its own network (tests/ec2_vms.py) serves metadata where clouds do, 169.254.169.254:80.
-    metadata = MetadataServer(INSIDE, identity, host=config.get("metadata_host", "127.0.0.1"),
-                              port=int(config.get("metadata_port", 0)))
+    metadata = MetadataServer(
+        INSIDE, identity, host=config.get("metadata_host", "127.0.0.1"), port=int(config.get("metadata_port", 0))
+    )
     metadata.start()
     sshd, port = start_sshd(files, config, metadata.url)
     _write_state(files, phase="running", ssh_port=port, metadata_port=metadata.port, sshd_pid_in_vm=sshd.pid)

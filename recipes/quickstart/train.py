@@ -26,8 +26,9 @@ def draw(kind: int, gen: torch.Generator) -> torch.Tensor:
     """One noisy SIZE x SIZE image of a shape with random centre and radius."""
     r = 3 + 5 * torch.rand(1, generator=gen).item()
     cx, cy = (r + (SIZE - 2 * r) * torch.rand(2, generator=gen)).tolist()
-    ys, xs = torch.meshgrid(torch.arange(SIZE, dtype=torch.float32), torch.arange(SIZE, dtype=torch.float32),
-                            indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(SIZE, dtype=torch.float32), torch.arange(SIZE, dtype=torch.float32), indexing="ij"
+    )
     dx, dy = xs - cx, ys - cy
     if kind == 0:
         shape = (dx**2 + dy**2).sqrt() <= r
@@ -48,9 +49,16 @@ def make_data(count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 def make_model() -> nn.Module:
     torch.manual_seed(0)  # identical initial weights on every rank
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * (SIZE // 4) ** 2, 64), nn.ReLU(), nn.Linear(64, len(CLASSES)),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * (SIZE // 4) ** 2, 64),
+        nn.ReLU(),
+        nn.Linear(64, len(CLASSES)),
     )
 
 
@@ -67,8 +75,9 @@ def main() -> None:
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    with ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch,
-                        dataset_len=args.samples) as trainer:
+    with ElasticTrainer(
+        model, optimizer, total_steps=args.steps, global_batch=args.batch, dataset_len=args.samples
+    ) as trainer:
         for step, idx in trainer.batches():
             logits = trainer.model(images[idx])
             loss = loss_fn(logits, labels[idx])
@@ -78,8 +87,7 @@ def main() -> None:
             trainer.step_done(loss.item())
             if trainer.rank == 0 and (step % args.log_every == 0 or step == args.steps):
                 accuracy = (logits.argmax(1) == labels[idx]).float().mean().item()
-                print(f"step {step} world {trainer.world_size} loss {loss.item():.4f} acc {accuracy:.2f}",
-                      flush=True)
+                print(f"step {step} world {trainer.world_size} loss {loss.item():.4f} acc {accuracy:.2f}", flush=True)
     if math.isnan(loss.item()):
         raise SystemExit("loss became NaN")
 

@@ -27,7 +27,7 @@ class BootstrapProgress:
         self._tasks = {vm: self._progress.add_task("", total=len(PHASES) - 1, vm=vm, phase="queued") for vm in vms}
         self.failures: dict[str, str] = {}
 
-    def __enter__(self) -> "BootstrapProgress":
+    def __enter__(self) -> BootstrapProgress:
         self._progress.start()
         return self
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from spotrun.state.store import Store
 
 
-def connect_cluster(cluster: str) -> "Store":
+def connect_cluster(cluster: str) -> Store:
     """The control plane of a cluster this machine started (embedded or the recipe's external
     etcd), else the embedded one. Raises ControlPlaneError if it is unreachable."""
     from spotrun.state import clusterfile
@@ -22,7 +22,7 @@ def connect_cluster(cluster: str) -> "Store":
     return connect_default()
 
 
-def connect_record(record: "ClusterFile") -> "Store":
+def connect_record(record: ClusterFile) -> Store:
     """The control plane of a cluster record: through an SSH tunnel to its head VM in mode
     'head', else at its endpoints. Raises ControlPlaneError."""
     if record.head:

@@ -12,20 +12,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from spotrun import log
-from spotrun.state import clusterfile
-from spotrun.state.ledger import close_open, summarize
+from spotrun.controller.placement import providers_of
 from spotrun.errors import ControlPlaneError
 from spotrun.paths import spotrun_home
-from spotrun.controller.placement import providers_of
 from spotrun.providers import supports
+from spotrun.state import clusterfile
+from spotrun.state.ledger import close_open, summarize
 from spotrun.state.store import key
 
 _log = log.get("down")
 
 # What a cluster keeps in etcd after `down` (its history) unless purged.
 KEPT_KINDS = ("spec", "checkpoints", "ledger", "events")
-DROPPED_KINDS = ("target", "nodes", "alive", "notices", "progress", "rdzv", "launches", "chaos", "stopped",
-                 "standby")
+DROPPED_KINDS = ("target", "nodes", "alive", "notices", "progress", "rdzv", "launches", "chaos", "stopped", "standby")
 
 
 @dataclass
@@ -89,9 +88,13 @@ def _archive(store, cluster: str) -> Path:
     """$SPOTRUN_HOME/history/<cluster>-<time>.json: events, the ledger closed now, the cost."""
     now = time.time()
     ledger = {node: close_open(segments, now) for node, segments in store.list_ledger(cluster).items()}
-    data = {"cluster": cluster, "at": now, "events": [asdict(e) for e in store.list_events(cluster)],
-            "ledger": {node: [asdict(s) for s in segments] for node, segments in ledger.items()},
-            "cost": summarize([s for segments in ledger.values() for s in segments], now).to_dict()}
+    data = {
+        "cluster": cluster,
+        "at": now,
+        "events": [asdict(e) for e in store.list_events(cluster)],
+        "ledger": {node: [asdict(s) for s in segments] for node, segments in ledger.items()},
+        "cost": summarize([s for segments in ledger.values() for s in segments], now).to_dict(),
+    }
     path = spotrun_home() / "history" / f"{cluster}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2))

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 
 from spotrun import log
 from spotrun.controller.bootstrap import BootstrapPlan, bootstrap_all
-from spotrun.state.clusterfile import ClusterFile
-from spotrun.errors import BootstrapError, ControlPlaneError, ProviderError
-from spotrun.controller.ssh_keys import ensure_keypair
 from spotrun.controller.placement import provider_for
 from spotrun.controller.provisioning import HEAD_ROLE, is_head
 from spotrun.controller.ssh import SshTarget, SshTimeouts
+from spotrun.controller.ssh_keys import ensure_keypair
+from spotrun.errors import BootstrapError, ControlPlaneError, ProviderError
+from spotrun.state.clusterfile import ClusterFile
 
 if TYPE_CHECKING:
     from spotrun.providers.base import Instance, Offer, Provider
@@ -46,8 +46,14 @@ HEAD_KEY = "head"  # the head's idempotency key: one head per cluster, whoever l
 NODES_TIMEOUT_S = 900.0  # how long `up` waits for the head's controller to bring the workers up
 # Environment a provider's controller needs, by provider: names, and name prefixes.
 CREDENTIAL_ENV = {
-    "aws": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
-            "SPOTRUN_AWS_"),
+    "aws": (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "SPOTRUN_AWS_",
+    ),
     "gcp": ("GOOGLE_CLOUD_PROJECT", "SPOTRUN_GCP_"),
     "azure": ("AZURE_", "SPOTRUN_AZURE_"),
 }
@@ -68,9 +74,16 @@ class HeadRecord:
     etcd_port: int = HEAD_ETCD_PORT
 
     @classmethod
-    def of(cls, inst: "Instance") -> "HeadRecord":
-        return cls(inst.id, inst.provider, inst.host, inst.ssh_port, inst.ssh_user, inst.host_public_key,
-                   str(inst.extra.get("private_ip") or inst.host))
+    def of(cls, inst: Instance) -> HeadRecord:
+        return cls(
+            inst.id,
+            inst.provider,
+            inst.host,
+            inst.ssh_port,
+            inst.ssh_user,
+            inst.host_public_key,
+            str(inst.extra.get("private_ip") or inst.host),
+        )
 
     @property
     def ssh_target(self) -> SshTarget:
@@ -82,7 +95,7 @@ class HeadRecord:
 
 
 # -- the head VM ---------------------------------------------------------------------------------
-def head_provider(recipe: "Recipe") -> "Provider":
+def head_provider(recipe: Recipe) -> Provider:
     head = recipe.control_plane.head
     assert head is not None, "mode 'head' only"
     name = head.provider or recipe.resources[0].provider
@@ -94,34 +107,44 @@ def head_provider(recipe: "Recipe") -> "Provider":
     return get_provider(name)
 
 
-def head_offer(recipe: "Recipe", provider: "Provider") -> "Offer":
+def head_offer(recipe: Recipe, provider: Provider) -> Offer:
     """The cheapest on-demand offer of the head's instance type (in its zone, if given)."""
     head = recipe.control_plane.head
-    matches = [o for o in provider.offers() if not o.spot and o.instance_type == head.instance_type
-               and (head.zone is None or o.zone == head.zone)]
+    matches = [
+        o
+        for o in provider.offers()
+        if not o.spot and o.instance_type == head.instance_type and (head.zone is None or o.zone == head.zone)
+    ]
     if not matches:
         where = f" in {head.zone}" if head.zone else ""
-        raise ProviderError(f"no on-demand {provider.name} offer for head instance type {head.instance_type}{where}",
-                            hint="see `spotrun prices --provider " + provider.name + "` for the types on offer")
+        raise ProviderError(
+            f"no on-demand {provider.name} offer for head instance type {head.instance_type}{where}",
+            hint="see `spotrun prices --provider " + provider.name + "` for the types on offer",
+        )
     return min(matches, key=lambda o: (o.price, o.zone))
 
 
-def ensure_head(recipe: "Recipe", record: ClusterFile) -> "Instance":
+def ensure_head(recipe: Recipe, record: ClusterFile) -> Instance:
     """The cluster's head VM, launched if none runs. Blocks until it is running."""
     from spotrun.providers import LaunchSpec
 
     provider = head_provider(recipe)
     heads = [i for i in provider.instances(recipe.name) if is_head(i) and not i.state.is_gone]
     if not heads:
-        spec = LaunchSpec(cluster=recipe.name, offer=head_offer(recipe, provider), count=1,
-                          ssh_public_key=ensure_keypair(record.key_path, f"spotrun-{recipe.name}"),
-                          idempotency_key=HEAD_KEY, labels={"role": HEAD_ROLE})
+        spec = LaunchSpec(
+            cluster=recipe.name,
+            offer=head_offer(recipe, provider),
+            count=1,
+            ssh_public_key=ensure_keypair(record.key_path, f"spotrun-{recipe.name}"),
+            idempotency_key=HEAD_KEY,
+            labels={"role": HEAD_ROLE},
+        )
         ids = provider.launch(spec)
         heads = [i for i in provider.instances(recipe.name) if i.id in ids]
     return heads[0]
 
 
-def credential_env(recipe: "Recipe") -> tuple[dict[str, str], dict[str, bytes]]:
+def credential_env(recipe: Recipe) -> tuple[dict[str, str], dict[str, bytes]]:
     """(env, files) the head's controller needs to call the recipe's providers, from this
     machine's environment (AWS keys found in ~/.aws/credentials are resolved). Files (a GCP
     service-account key) go to the head's secrets dir and the env points at them there."""
@@ -131,14 +154,24 @@ def credential_env(recipe: "Recipe") -> tuple[dict[str, str], dict[str, bytes]]:
     files: dict[str, bytes] = {}
     for name in sorted(recipe.providers | {recipe.control_plane.head.provider or recipe.resources[0].provider}):
         wanted = CREDENTIAL_ENV.get(name, ())
-        env.update({k: v for k, v in os.environ.items() if k in wanted or any(k.startswith(p) for p in wanted
-                                                                                  if p.endswith("_"))})
+        env.update(
+            {
+                k: v
+                for k, v in os.environ.items()
+                if k in wanted or any(k.startswith(p) for p in wanted if p.endswith("_"))
+            }
+        )
         if name == "aws":
             from spotrun.providers.aws.provider import credentials
 
             key_id, secret, token = credentials()
-            env.update({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret,
-                        **({"AWS_SESSION_TOKEN": token} if token else {})})
+            env.update(
+                {
+                    "AWS_ACCESS_KEY_ID": key_id,
+                    "AWS_SECRET_ACCESS_KEY": secret,
+                    **({"AWS_SESSION_TOKEN": token} if token else {}),
+                }
+            )
         if name == "gcp" and os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
             try:
                 files[GCP_KEY_FILE] = open(os.environ["GOOGLE_APPLICATION_CREDENTIALS"], "rb").read()
@@ -148,29 +181,50 @@ def credential_env(recipe: "Recipe") -> tuple[dict[str, str], dict[str, bytes]]:
     return env, files
 
 
-def start_head(recipe: "Recipe", record: ClusterFile, head: HeadRecord, *, ssh_timeouts: SshTimeouts,
-               reporter_factory) -> None:
+def start_head(
+    recipe: Recipe, record: ClusterFile, head: HeadRecord, *, ssh_timeouts: SshTimeouts, reporter_factory
+) -> None:
     """Bootstrap the head and start `spotrun-head` on it (idempotent). Raises BootstrapError."""
     from spotrun.client.bootstrap_bars import BootstrapProgress
 
-    on_head = ClusterFile(recipe.name, recipe.to_json(), [f"http://127.0.0.1:{head.etcd_port}"], embedded=False,
-                          train=record.train, agent_endpoints=[head.agent_endpoint])
+    on_head = ClusterFile(
+        recipe.name,
+        recipe.to_json(),
+        [f"http://127.0.0.1:{head.etcd_port}"],
+        embedded=False,
+        train=record.train,
+        agent_endpoints=[head.agent_endpoint],
+    )
     env, files = credential_env(recipe)
-    secrets = {**files, "cluster.json": json.dumps(asdict(on_head)).encode(), "provider-env.json": json.dumps(env).encode(),
-               "id_ed25519": record.key_path.read_bytes(),
-               "id_ed25519.pub": record.key_path.with_name(record.key_path.name + ".pub").read_bytes()}
+    secrets = {
+        **files,
+        "cluster.json": json.dumps(asdict(on_head)).encode(),
+        "provider-env.json": json.dumps(env).encode(),
+        "id_ed25519": record.key_path.read_bytes(),
+        "id_ed25519.pub": record.key_path.with_name(record.key_path.name + ".pub").read_bytes(),
+    }
     argv = ["spotrun-head", recipe.name, "--private-ip", head.private_ip, "--port", str(head.etcd_port)]
-    plan = BootstrapPlan(cluster=recipe.name, workdir=recipe.workdir, setup=recipe.setup, env=dict(recipe.env),
-                         agent_argv=lambda vm: argv, key_path=record.key_path, timeouts=ssh_timeouts, secrets=secrets)
+    plan = BootstrapPlan(
+        cluster=recipe.name,
+        workdir=recipe.workdir,
+        setup=recipe.setup,
+        env=dict(recipe.env),
+        agent_argv=lambda vm: argv,
+        key_path=record.key_path,
+        timeouts=ssh_timeouts,
+        secrets=secrets,
+    )
     with (reporter_factory or BootstrapProgress)([head.id]) as reporter:
         (outcome,) = bootstrap_all([head.ssh_target], plan, reporter)
     if not outcome.ok:
-        raise BootstrapError(f"head VM {head.id} did not come up: {outcome.error}",
-                             hint="`spotrun down` removes it; check the recipe's setup installs spotrun")
+        raise BootstrapError(
+            f"head VM {head.id} did not come up: {outcome.error}",
+            hint="`spotrun down` removes it; check the recipe's setup installs spotrun",
+        )
 
 
 # -- reaching its etcd ---------------------------------------------------------------------------
-def connect_head(record: ClusterFile, *, timeout: float = 30.0) -> "Store":
+def connect_head(record: ClusterFile, *, timeout: float = 30.0) -> Store:
     """A Store on the head's etcd through an SSH tunnel; closing the store closes the tunnel.
     Retries until `timeout` while etcd starts. Raises ControlPlaneError."""
     from spotrun.controller.ssh import connect as ssh_connect
@@ -180,8 +234,10 @@ def connect_head(record: ClusterFile, *, timeout: float = 30.0) -> "Store":
     try:
         session = ssh_connect(head.ssh_target, record.key_path, SshTimeouts(boot=min(timeout, 20.0)))
     except BootstrapError as exc:
-        raise ControlPlaneError(f"cannot reach the head VM {head.id} at {head.host}: {exc}",
-                                hint="is it still running? `spotrun down` then `up` rebuilds the cluster") from exc
+        raise ControlPlaneError(
+            f"cannot reach the head VM {head.id} at {head.host}: {exc}",
+            hint="is it still running? `spotrun down` then `up` rebuilds the cluster",
+        ) from exc
     tunnel = session.forward("127.0.0.1", head.etcd_port)
     deadline = time.monotonic() + timeout
     while True:
@@ -191,16 +247,24 @@ def connect_head(record: ClusterFile, *, timeout: float = 30.0) -> "Store":
         except ControlPlaneError as exc:
             if time.monotonic() > deadline:
                 tunnel.close()
-                raise ControlPlaneError(f"the head VM {head.id} answers SSH but not etcd: {exc}",
-                                        hint="see ~/.spotrun/agent.log on the head") from exc
+                raise ControlPlaneError(
+                    f"the head VM {head.id} answers SSH but not etcd: {exc}",
+                    hint="see ~/.spotrun/agent.log on the head",
+                ) from exc
             time.sleep(0.5)
     store.on_close(tunnel.close)
     return store
 
 
 # -- `spotrun up` in mode head -------------------------------------------------------------------
-def up_head(recipe: "Recipe", record: ClusterFile, *, ssh_timeouts: SshTimeouts, reporter_factory,
-            nodes_timeout: float = NODES_TIMEOUT_S) -> tuple[ClusterFile, list[str], list[str]]:
+def up_head(
+    recipe: Recipe,
+    record: ClusterFile,
+    *,
+    ssh_timeouts: SshTimeouts,
+    reporter_factory,
+    nodes_timeout: float = NODES_TIMEOUT_S,
+) -> tuple[ClusterFile, list[str], list[str]]:
     """Steps 1-3 of the module docstring; returns the saved record, the live worker ids and
     those of them the head's controller brought up during this call.
     Raises ProviderError, BootstrapError, ControlPlaneError."""
@@ -216,16 +280,22 @@ def up_head(recipe: "Recipe", record: ClusterFile, *, ssh_timeouts: SshTimeouts,
         store.put_spec(recipe.name, json.loads(recipe.to_json()))
         store.set_target(recipe.name, recipe.nodes.target)
         if not store.get_ledger(recipe.name, head.id):  # the head is part of the true cost
-            store.put_ledger(recipe.name, head.id, [LedgerSegment(head.id, inst.price_per_hour, inst.on_demand_per_hour,
-                                                                  inst.launched_at)])
+            store.put_ledger(
+                recipe.name,
+                head.id,
+                [LedgerSegment(head.id, inst.price_per_hour, inst.on_demand_per_hour, inst.launched_at)],
+            )
         before = store.list_alive(recipe.name)
         alive = wait_for_nodes(store, recipe.name, recipe.nodes.target, nodes_timeout)
-        store.add_event(recipe.name, "up", f"cluster at {len(alive)} of target {recipe.nodes.target} nodes "
-                        f"(control plane on head VM {head.id})")
+        store.add_event(
+            recipe.name,
+            "up",
+            f"cluster at {len(alive)} of target {recipe.nodes.target} nodes (control plane on head VM {head.id})",
+        )
     return record, alive, [node for node in alive if node not in before]
 
 
-def wait_for_nodes(store: "Store", cluster: str, target: int, timeout: float) -> list[str]:
+def wait_for_nodes(store: Store, cluster: str, target: int, timeout: float) -> list[str]:
     """Block until the agents of `target` training nodes (spares aside) are alive, printing the
     cluster's events meanwhile (the head's controller is doing the work). Raises BootstrapError
     at the timeout."""
@@ -242,6 +312,8 @@ def wait_for_nodes(store: "Store", cluster: str, target: int, timeout: float) ->
         if len(alive) >= target:
             return alive
         if time.monotonic() > deadline:
-            raise BootstrapError(f"{len(alive)} of {target} workers alive after {timeout:.0f} s",
-                                 hint="the head's controller goes on trying; see `spotrun events " + cluster + "`")
+            raise BootstrapError(
+                f"{len(alive)} of {target} workers alive after {timeout:.0f} s",
+                hint="the head's controller goes on trying; see `spotrun events " + cluster + "`",
+            )
         time.sleep(0.5)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
-from spotrun.state import clusterfile
-from spotrun.errors import NotFoundError, ProviderError, SpotrunError
 from spotrun.controller.placement import providers_of
-from spotrun.providers import supports
 from spotrun.controller.ssh import SshTarget, SshTimeouts, connect
+from spotrun.errors import NotFoundError, ProviderError, SpotrunError
+from spotrun.providers import supports
+from spotrun.state import clusterfile
 
 AGENT_LOG = "~/.spotrun/agent.log"
 TRAIN_LOG = "~/.spotrun/train.log"  # the launcher's and the training script's output
@@ -18,8 +18,12 @@ TRAIN_LOG = "~/.spotrun/train.log"  # the launcher's and the training script's o
 def _find(cluster: str, node: str | None):
     """(provider, instance) pairs of the cluster's live VMs, or the one named `node`."""
     record = clusterfile.load(cluster)
-    found = [(p, i) for p in providers_of(record.recipe()) for i in p.instances(cluster)
-             if not i.state.is_gone and (node is None or i.id == node)]
+    found = [
+        (p, i)
+        for p in providers_of(record.recipe())
+        for i in p.instances(cluster)
+        if not i.state.is_gone and (node is None or i.id == node)
+    ]
     if node is not None and not found:
         raise NotFoundError(f"cluster {cluster!r} has no running node {node!r}", hint="see `spotrun status`")
     return record, found
@@ -31,13 +35,21 @@ def preempt(cluster: str, node: str, notice_seconds: float) -> float:
     _, found = _find(cluster, node)
     provider, inst = found[0]
     if not supports(provider, "preempt"):
-        raise ProviderError(f"provider {provider.name!r} cannot inject preemptions; "
-                            "`spotrun preempt` works with the local provider only")
+        raise ProviderError(
+            f"provider {provider.name!r} cannot inject preemptions; "
+            "`spotrun preempt` works with the local provider only"
+        )
     return provider.preempt(inst.id, notice_seconds)
 
 
-def logs(cluster: str, node: str | None, follow: bool, emit: Callable[[str, str], None],
-         lines: int = 100, agent: bool = False) -> None:
+def logs(
+    cluster: str,
+    node: str | None,
+    follow: bool,
+    emit: Callable[[str, str], None],
+    lines: int = 100,
+    agent: bool = False,
+) -> None:
     """Print the training log (or with `agent` the agent's) of one node or all, prefixed;
     with `follow`, until interrupted."""
     record, found = _find(cluster, node)

@@ -28,7 +28,7 @@ class PriceRow:
     gpu_name: str | None
     spot_per_hour: float
     on_demand_per_hour: float
-    age_s: float | None = None          # seconds since the spot price was fetched; None: static
+    age_s: float | None = None  # seconds since the spot price was fetched; None: static
 
     @property
     def per_gpu_hour(self) -> float | None:
@@ -54,8 +54,9 @@ class PriceTable:
 DEFAULT_PROVIDERS = ("local", "aws", "gcp", "azure")
 
 
-def list_prices(provider: str | None = None, gpu: str | None = None, *,
-                providers: Sequence[Any] | None = None) -> PriceTable:
+def list_prices(
+    provider: str | None = None, gpu: str | None = None, *, providers: Sequence[Any] | None = None
+) -> PriceTable:
     """Spot offers of `provider` (default: every known one), optionally only those whose GPU
     name contains `gpu` (case-insensitive, e.g. "a100"), sorted by spot $/h.
 
@@ -80,9 +81,19 @@ def list_prices(provider: str | None = None, gpu: str | None = None, *,
                 continue
             if gpu and gpu.lower() not in (offer.gpu_name or "").lower():
                 continue
-            rows.append(PriceRow(offer.provider, offer.region, offer.zone, offer.instance_type, offer.gpus,
-                                 offer.gpu_name, offer.spot_price, offer.on_demand_price,
-                                 age(offer) if callable(age) else None))
+            rows.append(
+                PriceRow(
+                    offer.provider,
+                    offer.region,
+                    offer.zone,
+                    offer.instance_type,
+                    offer.gpus,
+                    offer.gpu_name,
+                    offer.spot_price,
+                    offer.on_demand_price,
+                    age(offer) if callable(age) else None,
+                )
+            )
     rows.sort(key=lambda r: (r.spot_per_hour, r.provider, r.region, r.zone, r.instance_type))
     return PriceTable(rows, notes)
 
@@ -114,16 +125,32 @@ def render(table: PriceTable, console: Any = None, *, limit: int | None = None) 
 
     console = console or Console()
     out = Table(title="spot prices (USD/h)", show_lines=False)
-    for column, justify in (("provider", "left"), ("region", "left"), ("zone", "left"), ("type", "left"),
-                            ("GPUs", "right"), ("spot $/h", "right"), ("on-demand $/h", "right"),
-                            ("$/GPU-h", "right"), ("savings", "right"), ("age", "right")):
+    for column, justify in (
+        ("provider", "left"),
+        ("region", "left"),
+        ("zone", "left"),
+        ("type", "left"),
+        ("GPUs", "right"),
+        ("spot $/h", "right"),
+        ("on-demand $/h", "right"),
+        ("$/GPU-h", "right"),
+        ("savings", "right"),
+        ("age", "right"),
+    ):
         out.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in table.rows[:limit]:
-        out.add_row(row.provider, row.region, row.zone, row.instance_type,
-                    f"{row.gpus}x {row.gpu_name}" if row.gpus else "-", f"{row.spot_per_hour:.4f}",
-                    f"{row.on_demand_per_hour:.4f}" if row.on_demand_per_hour else "?",
-                    f"{row.per_gpu_hour:.4f}" if row.per_gpu_hour is not None else "-",
-                    f"{row.savings_pct:.0f}%" if row.savings_pct is not None else "?", _age(row.age_s))
+        out.add_row(
+            row.provider,
+            row.region,
+            row.zone,
+            row.instance_type,
+            f"{row.gpus}x {row.gpu_name}" if row.gpus else "-",
+            f"{row.spot_per_hour:.4f}",
+            f"{row.on_demand_per_hour:.4f}" if row.on_demand_per_hour else "?",
+            f"{row.per_gpu_hour:.4f}" if row.per_gpu_hour is not None else "-",
+            f"{row.savings_pct:.0f}%" if row.savings_pct is not None else "?",
+            _age(row.age_s),
+        )
     console.print(out)
 
 

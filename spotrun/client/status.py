@@ -46,11 +46,10 @@ def all_statuses() -> list[dict[str, Any]]:
     """Every cluster: those in the embedded etcd, and those of this machine whose control plane
     is elsewhere (an external etcd, a head VM). One that cannot be reached is listed with its
     error instead of failing the rest."""
-    from spotrun.state import clusterfile
-    from spotrun.state import etcd_server
     from spotrun.client.connect import connect_record
-    from spotrun.state.control_plane import connect_default
     from spotrun.errors import ControlPlaneError
+    from spotrun.state import clusterfile, etcd_server
+    from spotrun.state.control_plane import connect_default
 
     statuses: list[dict[str, Any]] = []
     if etcd_server.status() is not None:
@@ -81,33 +80,51 @@ def render(statuses: list[dict[str, Any]]) -> None:
             console.out.print(f"{status['cluster']}: unreachable: {status['error']}", markup=False)
             continue
         costs = status["costs"]
-        table = Table(box=box.SIMPLE_HEAD, title=f"{status['cluster']}: {status['alive']} alive / target {status['target']}",
-                      title_justify="left")
+        table = Table(
+            box=box.SIMPLE_HEAD,
+            title=f"{status['cluster']}: {status['alive']} alive / target {status['target']}",
+            title_justify="left",
+        )
         for column in ("node", "provider", "zone", "type", "state", "alive", "uptime", "$/h"):
             table.add_column(column, justify="right" if column in ("uptime", "$/h") else "left")
         gone = [n for n in status["nodes"] if n["state"] in _GONE]
         for node in (n for n in status["nodes"] if n["state"] not in _GONE):
             state = "standby" if node.get("standby") and node["state"] == "running" else node["state"]
             state += f" ({_left(node['notice_deadline'])} left)" if node["notice_deadline"] else ""
-            table.add_row(node["id"], node["provider"], node["zone"], node["instance_type"], state,
-                          "yes" if node["alive"] else "no", _duration(node["uptime_s"]),
-                          f"{node['price_per_hour']:.4f}")
+            table.add_row(
+                node["id"],
+                node["provider"],
+                node["zone"],
+                node["instance_type"],
+                state,
+                "yes" if node["alive"] else "no",
+                _duration(node["uptime_s"]),
+                f"{node['price_per_hour']:.4f}",
+            )
         console.out.print(table)
         if gone:
-            counts = ", ".join(f"{sum(n['state'] == s for n in gone)} {s}" for s in _GONE if any(n["state"] == s for n in gone))
+            counts = ", ".join(
+                f"{sum(n['state'] == s for n in gone)} {s}" for s in _GONE if any(n["state"] == s for n in gone)
+            )
             console.out.print(f"gone: {counts} (see `spotrun events {status['cluster']}`)", markup=False)
         console.out.print(
             f"burn {costs['burn_per_hour']:.4f} $/h (on-demand {costs['on_demand_per_hour']:.4f} $/h), "
-            f"total {costs['total']:.4f} $, savings {costs['savings_pct']:.1f} %", markup=False)
+            f"total {costs['total']:.4f} $, savings {costs['savings_pct']:.1f} %",
+            markup=False,
+        )
         training, latest = status["training"], status["latest_checkpoint"]
         if training:
             loss = f", loss {training['loss']:.4f}" if training.get("loss") is not None else ""
-            console.out.print(f"training: step {training['step']} at world size {training['world_size']}, "
-                              f"{training['samples_per_s']:.0f} samples/s{loss}", markup=False)
+            console.out.print(
+                f"training: step {training['step']} at world size {training['world_size']}, "
+                f"{training['samples_per_s']:.0f} samples/s{loss}",
+                markup=False,
+            )
         if latest:
             age = max(0, int(time.time() - latest["written_at"]))
-            console.out.print(f"checkpoint: step {latest['step']}, {latest['bytes'] / 1e6:.1f} MB, {age} s ago",
-                              markup=False)
+            console.out.print(
+                f"checkpoint: step {latest['step']}, {latest['bytes'] / 1e6:.1f} MB, {age} s ago", markup=False
+            )
         for event in status["recent_events"]:
             stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
             console.out.print(f"  {stamp} {event['kind']:<9} {event['message']}", markup=False)
@@ -120,7 +137,9 @@ def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
 
 
 def _left(deadline: float) -> str:
@@ -132,8 +151,9 @@ def format_event(event) -> str:
     return f"{event.seq:>5} {stamp} {event.kind:<9} {event.message}"
 
 
-def follow_events(store: Store, cluster: str, emit, *, since: int = 0, until_finished: bool = False,
-                  poll_s: float = 0.5) -> None:
+def follow_events(
+    store: Store, cluster: str, emit, *, since: int = 0, until_finished: bool = False, poll_s: float = 0.5
+) -> None:
     """Print the cluster's events as they come (blocks; Ctrl-C ends it). With `until_finished`,
     return once the training job finished on every live node or the cluster was stopped."""
     while True:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spotrun import log
+from spotrun.controller.provisioning import Provisioner, cluster_lock
+from spotrun.controller.ssh import SshTimeouts
+from spotrun.errors import SpotrunError
+from spotrun.recipe.schema import Recipe, load_recipe
 from spotrun.state import clusterfile
 from spotrun.state.clusterfile import ClusterFile
 from spotrun.state.control_plane import connect_recipe, endpoints_for
-from spotrun.errors import SpotrunError
-from spotrun.controller.provisioning import Provisioner, cluster_lock
-from spotrun.recipe.schema import Recipe, load_recipe
-from spotrun.controller.ssh import SshTimeouts
 from spotrun.state.store import Store
 
 _log = log.get("up")
@@ -34,8 +34,9 @@ class UpResult:
     nodes: list[str]
 
 
-def up(recipe_path: Path, *, train: bool = True, ssh_timeouts: SshTimeouts = SshTimeouts(),
-       reporter_factory=None) -> UpResult:
+def up(
+    recipe_path: Path, *, train: bool = True, ssh_timeouts: SshTimeouts = SshTimeouts(), reporter_factory=None
+) -> UpResult:
     """Reconcile the cluster of `recipe_path` to its target size. Blocks until every node's agent
     is alive; with `train` the agents then start the recipe's `run` under the elastic launcher.
     Raises RecipeError, ControlPlaneError, ProviderError or BootstrapError."""
@@ -79,8 +80,11 @@ def _up_head(recipe: Recipe, train: bool, ssh_timeouts: SshTimeouts, reporter_fa
     from spotrun.client.head import up_head
 
     new_cluster = recipe.name not in clusterfile.names()
-    record = (ClusterFile(recipe.name, recipe.to_json(), [], False, train) if new_cluster
-              else replace(clusterfile.load(recipe.name), recipe_json=recipe.to_json(), train=train))
+    record = (
+        ClusterFile(recipe.name, recipe.to_json(), [], False, train)
+        if new_cluster
+        else replace(clusterfile.load(recipe.name), recipe_json=recipe.to_json(), train=train)
+    )
     record.save()
     try:
         record, alive, new = up_head(recipe, record, ssh_timeouts=ssh_timeouts, reporter_factory=reporter_factory)
@@ -91,8 +95,9 @@ def _up_head(recipe: Recipe, train: bool, ssh_timeouts: SshTimeouts, reporter_fa
     return UpResult(recipe.name, new, new, alive)
 
 
-def _reconcile(recipe: Recipe, record: ClusterFile, store: Store, ssh_timeouts: SshTimeouts,
-               reporter_factory) -> UpResult:
+def _reconcile(
+    recipe: Recipe, record: ClusterFile, store: Store, ssh_timeouts: SshTimeouts, reporter_factory
+) -> UpResult:
     cluster = recipe.name
     store.put_spec(cluster, json.loads(recipe.to_json()))
     store.set_target(cluster, recipe.nodes.target)
@@ -101,8 +106,9 @@ def _reconcile(recipe: Recipe, record: ClusterFile, store: Store, ssh_timeouts: 
     with cluster_lock(cluster):
         launched = []
         for intent in provisioner.pending_intents():  # a launch an earlier process did not finish
-            launched += provisioner.launch(intent.count, intent_key=intent.key, replaces=intent.replaces,
-                                           standby=intent.standby)
+            launched += provisioner.launch(
+                intent.count, intent_key=intent.key, replaces=intent.replaces, standby=intent.standby
+            )
         spares = store.list_standby(cluster)  # the controller keeps them; they do not fill the target
         missing = recipe.nodes.target - len([i for i in provisioner.live() if i.id not in spares])
         if missing > 0:

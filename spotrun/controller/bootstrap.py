@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from spotrun import log
-from spotrun.errors import BootstrapError
 from spotrun.controller.ssh import SshTarget, SshTimeouts, connect, tar_tree
+from spotrun.errors import BootstrapError
 
 if TYPE_CHECKING:
     from spotrun.recipe.schema import Recipe
@@ -43,7 +44,7 @@ class QuietReporter:
     def __init__(self, vms: list[str] | None = None) -> None:
         self.failures: dict[str, str] = {}
 
-    def __enter__(self) -> "QuietReporter":
+    def __enter__(self) -> QuietReporter:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -96,8 +97,9 @@ class VmOutcome:
     skipped: list[str] = field(default_factory=list)
 
 
-def bootstrap_all(targets: list[SshTarget], plan: BootstrapPlan, reporter: Reporter,
-                  *, parallel: int = 32) -> list[VmOutcome]:
+def bootstrap_all(
+    targets: list[SshTarget], plan: BootstrapPlan, reporter: Reporter, *, parallel: int = 32
+) -> list[VmOutcome]:
     """Bootstrap every target concurrently; blocks until all finished or failed. Never raises
     for one VM's failure: each outcome says how far it got and why it stopped."""
     if not targets:
@@ -111,8 +113,9 @@ def _bootstrap_one(target: SshTarget, plan: BootstrapPlan, blob: bytes, reporter
     outcome = VmOutcome(target.name)
     try:
         reporter.phase(target.name, "connect")
-        with connect(target, plan.key_path, plan.timeouts,
-                     on_retry=lambda msg: reporter.line(target.name, msg)) as session:
+        with connect(
+            target, plan.key_path, plan.timeouts, on_retry=lambda msg: reporter.line(target.name, msg)
+        ) as session:
             content = hashlib.sha256(blob + (plan.setup or "").encode()).hexdigest()[:16]
             for phase, step in (("upload", _upload), ("setup", _setup), ("agent", _start_agent)):
                 outcome.phase = phase
@@ -129,13 +132,19 @@ def _bootstrap_one(target: SshTarget, plan: BootstrapPlan, blob: bytes, reporter
 
 def _upload(session, plan: BootstrapPlan, blob: bytes, content: str, emit) -> bool:
     for name, data in sorted(plan.secrets.items()):  # always rewritten: a rotated cert must land
-        session.check(f"umask 077 && mkdir -p {REMOTE_SECRETS} && cat > {REMOTE_SECRETS}/{shlex.quote(name)}",
-                      what=f"upload of {name}", stdin=data)
+        session.check(
+            f"umask 077 && mkdir -p {REMOTE_SECRETS} && cat > {REMOTE_SECRETS}/{shlex.quote(name)}",
+            what=f"upload of {name}",
+            stdin=data,
+        )
     marker = f"{REMOTE_STATE}/workdir.{content}"
     if session.run(f"test -f {marker}").exit_status == 0:
         return False
-    session.check(f"mkdir -p {REMOTE_STATE} {REMOTE_WORKDIR} && tar -xzf - -C {REMOTE_WORKDIR} && touch {marker}",
-                  what="workdir upload", stdin=blob)
+    session.check(
+        f"mkdir -p {REMOTE_STATE} {REMOTE_WORKDIR} && tar -xzf - -C {REMOTE_WORKDIR} && touch {marker}",
+        what="workdir upload",
+        stdin=blob,
+    )
     return True
 
 
@@ -158,8 +167,10 @@ def _start_agent(session, plan: BootstrapPlan, blob: bytes, content: str, emit) 
     # setsid + closed stdio: the agent must outlive this SSH session.
     # Braces keep the background job to the agent alone: `a && b &` would background a subshell
     # that holds the SSH channel open until the agent exits.
-    command = (f"cd {REMOTE_WORKDIR} && {{ {_exports(plan.env)} "
-               f"setsid nohup {agent} > {REMOTE_STATE}/agent.log 2>&1 < /dev/null & echo $! > {pidfile}; }}")
+    command = (
+        f"cd {REMOTE_WORKDIR} && {{ {_exports(plan.env)} "
+        f"setsid nohup {agent} > {REMOTE_STATE}/agent.log 2>&1 < /dev/null & echo $! > {pidfile}; }}"
+    )
     session.check(command, what="agent start")
     return True
 
@@ -168,7 +179,7 @@ def _exports(env: dict[str, str]) -> str:
     return " ".join(f"export {name}={shlex.quote(value)};" for name, value in sorted(env.items()))
 
 
-def vm_tls(recipe: "Recipe") -> tuple[dict[str, bytes], dict[str, str]]:
+def vm_tls(recipe: Recipe) -> tuple[dict[str, bytes], dict[str, str]]:
     """(files, env) that give a VM's processes the recipe's etcd TLS files: the files go to the
     VM's secrets dir (REMOTE_SECRETS), the env points state.store.connect at them."""
     from spotrun.errors import ControlPlaneError

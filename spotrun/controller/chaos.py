@@ -29,11 +29,16 @@ def due(store: Store, cluster: str, schedule, now: float | None = None) -> list[
         return []
     now = time.time() if now is None else now
     start = _start(store, cluster, now)
-    return [(i, entry) for i, entry in enumerate(schedule)
-            if now >= start + entry.at and store.get(key(cluster, "chaos", f"fired-{i}")) is None]
+    return [
+        (i, entry)
+        for i, entry in enumerate(schedule)
+        if now >= start + entry.at and store.get(key(cluster, "chaos", f"fired-{i}")) is None
+    ]
 
 
-def trace_due(store: Store, cluster: str, events, nodes: int, now: float | None = None) -> list[tuple[int, object, int]]:
+def trace_due(
+    store: Store, cluster: str, events, nodes: int, now: float | None = None
+) -> list[tuple[int, object, int]]:
     """(index, replay event, capacity after it) of the trace events due and not yet fired."""
     if not events:
         return []
@@ -59,13 +64,20 @@ def replay(store: Store, cluster: str, index: int, event, capacity: int, live: l
     if event.action == "preempt":
         noticed = {n.node for n in store.list_notices(cluster)}
         spares = store.list_standby(cluster)
-        candidates = sorted((i for i in live if i.id not in noticed and supports(providers.get(i.provider), "preempt")),
-                            key=lambda i: (i.id not in spares, i.launched_at, i.id), reverse=True)
-        for victim in candidates[:event.count]:
+        candidates = sorted(
+            (i for i in live if i.id not in noticed and supports(providers.get(i.provider), "preempt")),
+            key=lambda i: (i.id not in spares, i.launched_at, i.id),
+            reverse=True,
+        )
+        for victim in candidates[: event.count]:
             providers[victim.provider].preempt(victim.id, event.notice_s)
             victims.append(victim.id)
-    store.add_event(cluster, "chaos", f"trace: capacity {capacity}" +
-                    (f"; preempting {', '.join(victims)} with {event.notice_s:.0f} s notice" if victims else ""))
+    store.add_event(
+        cluster,
+        "chaos",
+        f"trace: capacity {capacity}"
+        + (f"; preempting {', '.join(victims)} with {event.notice_s:.0f} s notice" if victims else ""),
+    )
     return victims
 
 
@@ -73,15 +85,18 @@ def fire(store: Store, cluster: str, index: int, entry, live: list, providers: d
     """Preempt the entry's node (index into `live` by launch time, or a seeded random one).
     Marks the entry fired whatever happens, so a schedule never fires twice. Returns the node."""
     store.put(key(cluster, "chaos", f"fired-{index}"), json.dumps({"at": time.time()}))
-    candidates = sorted((i for i in live if supports(providers.get(i.provider), "preempt")),
-                        key=lambda i: (i.launched_at, i.id))
+    candidates = sorted(
+        (i for i in live if supports(providers.get(i.provider), "preempt")), key=lambda i: (i.launched_at, i.id)
+    )
     if not candidates:
         store.add_event(cluster, "chaos", f"chaos #{index}: no node the provider can preempt")
         return None
-    victim = (random.Random(index).choice(candidates) if entry.node == "random"
-              else candidates[entry.node % len(candidates)])
+    victim = (
+        random.Random(index).choice(candidates) if entry.node == "random" else candidates[entry.node % len(candidates)]
+    )
     providers[victim.provider].preempt(victim.id, entry.notice)
-    store.add_event(cluster, "chaos", f"chaos #{index}: preempting {victim.id} with {entry.notice:.0f} s notice",
-                    victim.id)
+    store.add_event(
+        cluster, "chaos", f"chaos #{index}: preempting {victim.id} with {entry.notice:.0f} s notice", victim.id
+    )
     _log.info("chaos preemption", extra=log.kv(node=victim.id, notice=entry.notice))
     return victim.id

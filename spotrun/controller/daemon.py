@@ -39,9 +39,15 @@ def start_daemon(cluster: str) -> int:
     log_file = open(cluster_dir(cluster) / "controller.log", "ab")
     # cwd "/": with `-m`, Python puts the cwd first on sys.path, and a source checkout there
     # would shadow the installed package (whose spotrun.providers lives elsewhere in the tree).
-    proc = subprocess.Popen([sys.executable, "-m", "spotrun.controller", cluster], stdin=subprocess.DEVNULL,
-                            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, cwd="/",
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spotrun.controller", cluster],
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd="/",
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     log_file.close()
     pid_path(cluster).write_text(str(proc.pid))
     threading.Thread(target=proc.wait, daemon=True).start()  # reap it if it dies while we run
@@ -90,4 +96,3 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"spotrun-controller: error: {exc}\n")
         return exc.exit_code
     return 0
-

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from spotrun import log
 from spotrun.controller.bootstrap import REMOTE_SECRETS, REMOTE_WORKDIR
-from spotrun.state.clusterfile import ClusterFile
 from spotrun.errors import SpotrunError
 from spotrun.paths import cluster_dir, spotrun_home
+from spotrun.state.clusterfile import ClusterFile
 
 _log = log.get("head_node")
 
@@ -56,8 +56,15 @@ def ensure_etcd(port: int, private_ip: str) -> str:
     if etcd_server.healthy(endpoint):
         return endpoint
     root = spotrun_home() / "head-etcd"
-    etcd_server.EtcdProcess(root / "data", port, port + 1, log_path=root / "etcd.log", detach=True,
-                            listen_host="0.0.0.0", advertise_host=private_ip).start()
+    etcd_server.EtcdProcess(
+        root / "data",
+        port,
+        port + 1,
+        log_path=root / "etcd.log",
+        detach=True,
+        listen_host="0.0.0.0",
+        advertise_host=private_ip,
+    ).start()
     return endpoint
 
 

@@ -14,23 +14,30 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
 from spotrun import log
+from spotrun.controller.bootstrap import LogReporter
+from spotrun.controller.placement import placements, providers_of
+from spotrun.controller.plan import (
+    Activate,
+    Blocked,
+    CloseLedger,
+    Desired,
+    Drain,
+    Launch,
+    NodeView,
+    Observed,
+    StopCluster,
+    Terminate,
+    plan,
+)
+from spotrun.controller.provisioning import Provisioner, cluster_lock
+from spotrun.errors import CapacityError, SpotrunError
+from spotrun.node.agent import FINISHED_REASON, LEFT_REASON
 from spotrun.state import clusterfile
 from spotrun.state.ledger import close_open, summarize
-from spotrun.errors import CapacityError, SpotrunError
-from spotrun.paths import cluster_dir
-from spotrun.controller.placement import placements, providers_of
-from spotrun.controller.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster,
-                          Terminate, plan)
-from spotrun.controller.bootstrap import LogReporter
-from spotrun.controller.provisioning import Provisioner, cluster_lock
-from spotrun.node.agent import FINISHED_REASON, LEFT_REASON
 from spotrun.state.records import NodeState
 from spotrun.state.store import Store, key, rdzv_key
 
@@ -53,8 +60,7 @@ class Controller:
         self.store = store
         self.record = clusterfile.load(cluster)
         self.recipe = self.record.recipe()
-        self.provisioner = provisioner or Provisioner(self.recipe, self.record, store,
-                                                      reporter_factory=LogReporter)
+        self.provisioner = provisioner or Provisioner(self.recipe, self.record, store, reporter_factory=LogReporter)
         self._wake = threading.Event()
         self._prices_at = 0.0
         self._replay: list | None = None
@@ -77,12 +83,16 @@ class Controller:
             # A node that dies without a word shows first as a survivor's "peer lost" report, then
             # as its rendezvous lease (1 s) ending: look at the provider then, not up to RESYNC_S
             # later, so a warm spare can join the survivors' re-formation.
-            if event.key.startswith(relevant) or (event.key.startswith(rendezvous) and (
+            if event.key.startswith(relevant) or (
+                event.key.startswith(rendezvous)
+                and (
                     (event.kind == "delete" and "/alive/" in event.key)
-                    or (event.kind == "put" and "/lost/" in event.key))):
+                    or (event.kind == "put" and "/lost/" in event.key)
+                )
+            ):
                 self._wake.set()
             if event.kind == "put" and event.key.startswith(members):
-                self._spare_arrived(event.key[len(members):])
+                self._spare_arrived(event.key[len(members) :])
 
         watch = self.store.watch_cluster(self.cluster, on_change)
         self.event_once("controller", f"controller started (pid {os.getpid()})")
@@ -129,31 +139,58 @@ class Controller:
         standby = self.store.list_standby(self.cluster)
         recipe = self.recipe if spec is None else type(self.recipe).model_validate(spec[0])
         budget = recipe.budget
-        desired = Desired(target=recipe.nodes.target if target is None else target, min=recipe.nodes.min,
-                          max=recipe.nodes.max, max_per_hour=budget.max_per_hour if budget else None,
-                          max_total=budget.max_total if budget else None, launch_price=self._launch_price(),
-                          spares=recipe.nodes.spares)
+        desired = Desired(
+            target=recipe.nodes.target if target is None else target,
+            min=recipe.nodes.min,
+            max=recipe.nodes.max,
+            max_per_hour=budget.max_per_hour if budget else None,
+            max_total=budget.max_total if budget else None,
+            launch_price=self._launch_price(),
+            spares=recipe.nodes.spares,
+        )
         ready = self._ready(alive)
-        views = [self._view(inst, records.get(inst.id), inst.id in alive, inst.id in ready, notices.get(inst.id),
-                            ledger.get(inst.id), inst.id in standby)
-                 for inst in instances.values() if not self._finished(inst, records.get(inst.id), ledger.get(inst.id))]
+        views = [
+            self._view(
+                inst,
+                records.get(inst.id),
+                inst.id in alive,
+                inst.id in ready,
+                notices.get(inst.id),
+                ledger.get(inst.id),
+                inst.id in standby,
+            )
+            for inst in instances.values()
+            if not self._finished(inst, records.get(inst.id), ledger.get(inst.id))
+        ]
         spent = summarize([s for segs in ledger.values() for s in segs]).total
         pending = None
         if intents:
             prefix = f"{intents[0].key}-c"  # the provisioner's key per candidate
-            visible = sum(1 for i in instances.values() if not i.state.is_gone
-                          and str(i.labels.get("idempotency_key", "")).startswith(prefix))
+            visible = sum(
+                1
+                for i in instances.values()
+                if not i.state.is_gone and str(i.labels.get("idempotency_key", "")).startswith(prefix)
+            )
             pending = (intents[0].key, intents[0].count, visible)
-        observed = Observed(views, spent_total=spent, pending_launch=pending,
-                            stopped=self.store.get(key(self.cluster, "stopped")) is not None, now=time.time())
+        observed = Observed(
+            views,
+            spent_total=spent,
+            pending_launch=pending,
+            stopped=self.store.get(key(self.cluster, "stopped")) is not None,
+            now=time.time(),
+        )
         return desired, observed, instances
 
     @staticmethod
     def _finished(inst, record, segments) -> bool:
         """Gone, recorded as gone, and billed to the end: nothing left to do about it."""
         closed = not segments or all(s.end is not None for s in segments)
-        return inst.state.is_gone and closed and record is not None and record.state in (
-            NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED)
+        return (
+            inst.state.is_gone
+            and closed
+            and record is not None
+            and record.state in (NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED)
+        )
 
     def _ready(self, alive: set[str]) -> set[str]:
         """Nodes that can take over work now: without training, any live agent; with training,
@@ -161,7 +198,7 @@ class Controller:
         if not self.record.train:
             return alive
         waiting = rdzv_key(self.cluster, self.cluster, "waiting")
-        joining = {k[len(waiting):] for k, _, _ in self.store.get_prefix(waiting)}
+        joining = {k[len(waiting) :] for k, _, _ in self.store.get_prefix(waiting)}
         return alive & (joining | {p.node for p in self.store.list_progress(self.cluster)})
 
     @staticmethod
@@ -169,12 +206,21 @@ class Controller:
         state = record.state if record else None
         reason = record.reason if record else ""
         return NodeView(
-            id=inst.id, price_per_hour=inst.price_per_hour, gone=inst.state.is_gone, alive=alive, ready=ready,
-            noticed=notice is not None, notice_deadline=notice.deadline if notice else None,
-            leaving=state == NodeState.LEAVING, left=state == NodeState.LEAVING and reason == LEFT_REASON,
+            id=inst.id,
+            price_per_hour=inst.price_per_hour,
+            gone=inst.state.is_gone,
+            alive=alive,
+            ready=ready,
+            noticed=notice is not None,
+            notice_deadline=notice.deadline if notice else None,
+            leaving=state == NodeState.LEAVING,
+            left=state == NodeState.LEAVING and reason == LEFT_REASON,
             ledger_open=bool(segments) and any(s.end is None for s in segments),
-            launched_at=inst.launched_at, replaces=(record.extra.get("replaces") if record else None),
-            standby=standby, finished=state == NodeState.RUNNING and reason == FINISHED_REASON)
+            launched_at=inst.launched_at,
+            replaces=(record.extra.get("replaces") if record else None),
+            standby=standby,
+            finished=state == NodeState.RUNNING and reason == FINISHED_REASON,
+        )
 
     def _launch_price(self) -> float:
         try:
@@ -211,8 +257,9 @@ class Controller:
         if time.time() - self._prices_at < PRICE_REFRESH_S:
             return
         self._prices_at = time.time()
-        offers = {(o.provider, o.zone, o.instance_type, o.spot): o for p in providers_of(self.recipe)
-                  for o in p.offers()}
+        offers = {
+            (o.provider, o.zone, o.instance_type, o.spot): o for p in providers_of(self.recipe) for o in p.offers()
+        }
         for inst in instances.values():
             spot = inst.price_per_hour != inst.on_demand_per_hour
             offer = offers.get((inst.provider, inst.zone, inst.instance_type, spot))
@@ -232,8 +279,9 @@ class Controller:
         providers = {p.name: p for p in providers_of(self.recipe)}
         for index, entry in chaos.due(self.store, self.cluster, self.recipe.chaos.preempt):
             chaos.fire(self.store, self.cluster, index, entry, live, providers)
-        for index, event, capacity in chaos.trace_due(self.store, self.cluster, self._trace_events(),
-                                                      self.recipe.nodes.target):
+        for index, event, capacity in chaos.trace_due(
+            self.store, self.cluster, self._trace_events(), self.recipe.nodes.target
+        ):
             chaos.replay(self.store, self.cluster, index, event, capacity, live, providers)
 
     def _trace_events(self) -> list:
@@ -242,16 +290,22 @@ class Controller:
             from spotrun.simulate.traces import load_trace, trace_events
 
             spec = self.recipe.chaos
-            self._replay = [] if spec.trace is None else trace_events(
-                load_trace(spec.trace), spec.time_scale, self.recipe.nodes.target, notice_s=spec.trace_notice)
+            self._replay = (
+                []
+                if spec.trace is None
+                else trace_events(
+                    load_trace(spec.trace), spec.time_scale, self.recipe.nodes.target, notice_s=spec.trace_notice
+                )
+            )
         return self._replay
 
     def _launch(self, action: Launch) -> None:
         now = time.time()
         avoid = frozenset(z for z, at in self._preempted_zones.items() if now - at < AVOID_ZONE_S)
         try:
-            self.provisioner.launch(action.count, intent_key=action.key, replaces=action.replaces,
-                                    standby=action.standby, avoid_zones=avoid)
+            self.provisioner.launch(
+                action.count, intent_key=action.key, replaces=action.replaces, standby=action.standby, avoid_zones=avoid
+            )
         except CapacityError as exc:
             self.event_once("capacity", f"launch of {action.count} failed: {exc}")
 
@@ -259,8 +313,9 @@ class Controller:
         """Bootstrap running VMs whose agent is not alive. One still booting (its launcher died
         with an earlier controller) is picked up by a later pass once it runs."""
         alive = self.store.list_alive(self.cluster)
-        self.provisioner.bootstrap([i for i in self.provisioner.live()
-                                    if i.state.value == "running" and i.id not in alive])
+        self.provisioner.bootstrap(
+            [i for i in self.provisioner.live() if i.state.value == "running" and i.id not in alive]
+        )
 
     def _terminate(self, inst, reason: str) -> None:
         provider = next(p for p in providers_of(self.recipe) if p.name == inst.provider)
@@ -275,8 +330,9 @@ class Controller:
         """The provider reports the VM gone on its own (preemption, failure): stop billing it."""
         self._end_billing(inst.id)
         self._forget_liveness(inst.id)
-        state = {"preempted": NodeState.PREEMPTED, "terminated": NodeState.TERMINATED}.get(inst.state.value,
-                                                                                           NodeState.FAILED)
+        state = {"preempted": NodeState.PREEMPTED, "terminated": NodeState.TERMINATED}.get(
+            inst.state.value, NodeState.FAILED
+        )
         if state == NodeState.PREEMPTED:
             self._preempted_zones[inst.zone] = time.time()
         self.provisioner.record_node(inst, state, reason=inst.reason or inst.state.value)
@@ -314,8 +370,11 @@ class Controller:
         node's key is what keeps the round open for it: then wait (at most JOIN_WAIT_S)."""
         with self._members_lock:
             now = time.monotonic()
-            self._joining = {n: at for n, at in self._joining.items() if now - at < JOIN_WAIT_S
-                             and self.store.get(rdzv_key(self.cluster, self.cluster, "alive", n)) is None}
+            self._joining = {
+                n: at
+                for n, at in self._joining.items()
+                if now - at < JOIN_WAIT_S and self.store.get(rdzv_key(self.cluster, self.cluster, "alive", n)) is None
+            }
             if self._joining or not self._gone_members:
                 return
             gone, self._gone_members = self._gone_members, set()

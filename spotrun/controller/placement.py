@@ -17,12 +17,12 @@ class Placement:
     """One candidate of the recipe resolved to a provider and its current offer."""
 
     index: int
-    candidate: "ResourceCandidate"
-    provider: "Provider"
-    offer: "Offer"
+    candidate: ResourceCandidate
+    provider: Provider
+    offer: Offer
 
 
-def provider_config(candidate: "ResourceCandidate") -> dict[str, Any]:
+def provider_config(candidate: ResourceCandidate) -> dict[str, Any]:
     """Constructor arguments for the candidate's provider: for local, the recipe's price table
     entry and emulated boot time, if any."""
     if candidate.provider != "local" or (candidate.prices is None and candidate.boot_s is None):
@@ -36,21 +36,21 @@ def provider_config(candidate: "ResourceCandidate") -> dict[str, Any]:
     return {"prices": {candidate.instance_type: {**entry, "boot_s": candidate.boot_s or 0.0}}} if entry else {}
 
 
-def provider_for(candidate: "ResourceCandidate") -> "Provider":
+def provider_for(candidate: ResourceCandidate) -> Provider:
     from spotrun.providers import get_provider
 
     return get_provider(candidate.provider, **provider_config(candidate))
 
 
-def providers_of(recipe: "Recipe") -> list["Provider"]:
+def providers_of(recipe: Recipe) -> list[Provider]:
     """One provider object per distinct provider configuration of the recipe, for finding its VMs."""
-    seen: dict[str, "Provider"] = {}
+    seen: dict[str, Provider] = {}
     for candidate in recipe.resources:
         seen.setdefault(candidate.provider, provider_for(candidate))
     return list(seen.values())
 
 
-def placements(recipe: "Recipe") -> list[Placement]:
+def placements(recipe: Recipe) -> list[Placement]:
     """Every candidate with a matching offer, cheapest price paid first (recipe order breaks ties).
 
     Raises ProviderError when no candidate matches any offer, or all exceed their max_price.
@@ -62,20 +62,27 @@ def placements(recipe: "Recipe") -> list[Placement]:
         if offer is None:
             problems.append(f"resources[{index}]: no {candidate.provider} offer for {candidate.instance_type}")
         elif candidate.max_price is not None and offer.price > candidate.max_price:
-            problems.append(f"resources[{index}]: {offer.instance_type} costs {offer.price:.4f} $/h "
-                            f"> max_price {candidate.max_price}")
+            problems.append(
+                f"resources[{index}]: {offer.instance_type} costs {offer.price:.4f} $/h "
+                f"> max_price {candidate.max_price}"
+            )
         else:
             found.append(Placement(index, candidate, provider, offer))
     if not found:
-        raise ProviderError("no resource candidate has a usable offer: " + "; ".join(problems),
-                            hint="check instance types, zones and max_price in the recipe")
+        raise ProviderError(
+            "no resource candidate has a usable offer: " + "; ".join(problems),
+            hint="check instance types, zones and max_price in the recipe",
+        )
     return sorted(found, key=lambda p: (p.offer.price, p.index))
 
 
-def _match(offers: list["Offer"], candidate: "ResourceCandidate") -> "Offer | None":
+def _match(offers: list[Offer], candidate: ResourceCandidate) -> Offer | None:
     for offer in offers:
-        if (offer.instance_type == candidate.instance_type and offer.spot == candidate.spot
-                and (candidate.zone is None or offer.zone == candidate.zone)
-                and (candidate.region is None or offer.region == candidate.region)):
+        if (
+            offer.instance_type == candidate.instance_type
+            and offer.spot == candidate.spot
+            and (candidate.zone is None or offer.zone == candidate.zone)
+            and (candidate.region is None or offer.region == candidate.region)
+        ):
             return offer
     return None

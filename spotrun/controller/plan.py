@@ -175,8 +175,9 @@ def plan(desired: Desired, observed: Observed) -> list[Action]:
     return out.actions
 
 
-def _activate(out: _Plan, spares: list[NodeView], gap: int,
-              unreplaced: list[str]) -> tuple[int, list[NodeView], list[str]]:
+def _activate(
+    out: _Plan, spares: list[NodeView], gap: int, unreplaced: list[str]
+) -> tuple[int, list[NodeView], list[str]]:
     """Fill the gap with spares, those already up (agent alive) and oldest first; returns what is
     left of the gap, of the spares and of the noticed nodes still without a replacement."""
     chosen = sorted(spares, key=lambda n: (not n.alive, n.launched_at))[:gap]
@@ -207,8 +208,7 @@ def _swap_replaced(out: _Plan, live: list[NodeView]) -> None:
                 out.add(Drain(node.id, "drain: replacement ready"))
 
 
-def _launch(out: _Plan, desired: Desired, live: list[NodeView], gap: int, spare_gap: int,
-            noticed: list[str]) -> None:
+def _launch(out: _Plan, desired: Desired, live: list[NodeView], gap: int, spare_gap: int, noticed: list[str]) -> None:
     # A dying noticed node does not block its replacement; spares stand outside nodes.max.
     room = desired.max - len([n for n in live if _counts(n) and not n.standby])
     wanted = min(gap, max(0, room)) + spare_gap
@@ -217,8 +217,14 @@ def _launch(out: _Plan, desired: Desired, live: list[NodeView], gap: int, spare_
         burn = sum(n.price_per_hour for n in live)
         allowed = min(wanted, max(0, int((desired.max_per_hour - burn + 1e-9) // desired.launch_price)))
         if allowed < wanted:
-            out.add(Blocked(wanted, allowed, f"budget: burn {burn:.4f} $/h + {wanted} x {desired.launch_price:.4f} "
-                                             f"$/h would pass max_per_hour {desired.max_per_hour}"))
+            out.add(
+                Blocked(
+                    wanted,
+                    allowed,
+                    f"budget: burn {burn:.4f} $/h + {wanted} x {desired.launch_price:.4f} "
+                    f"$/h would pass max_per_hour {desired.max_per_hour}",
+                )
+            )
     if allowed > 0:
         active = min(allowed, wanted - spare_gap)  # the budget allows training nodes first
         standby = allowed - active

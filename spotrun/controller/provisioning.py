@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 
 from spotrun import log
 from spotrun.controller.bootstrap import BootstrapPlan, LogReporter, bootstrap_all, vm_tls
-from spotrun.state.clusterfile import ClusterFile
-from spotrun.errors import BootstrapError, CapacityError, ProviderError
-from spotrun.controller.ssh_keys import ensure_keypair
-from spotrun.paths import cluster_dir
 from spotrun.controller.placement import Placement, placements, providers_of
-from spotrun.state.records import LedgerSegment, NodeRecord, NodeState
-from spotrun.recipe.schema import Recipe
 from spotrun.controller.ssh import SshTarget, SshTimeouts
+from spotrun.controller.ssh_keys import ensure_keypair
+from spotrun.errors import BootstrapError, CapacityError, ProviderError
+from spotrun.paths import cluster_dir
 from spotrun.providers.base import Instance
+from spotrun.recipe.schema import Recipe
+from spotrun.state.clusterfile import ClusterFile
+from spotrun.state.records import LedgerSegment, NodeRecord, NodeState
 from spotrun.state.store import Store, key
 
 _log = log.get("provisioning")
@@ -36,7 +36,7 @@ AGENT_READY_TIMEOUT_S = 60.0
 HEAD_ROLE = "head"  # the `role` label of a cluster's head VM; the provisioner never counts it as a node
 
 
-def is_head(inst: "Instance") -> bool:
+def is_head(inst: Instance) -> bool:
     return inst.labels.get("role") == HEAD_ROLE
 
 
@@ -60,8 +60,15 @@ def cluster_lock(cluster: str) -> Iterator[None]:
 class Provisioner:
     """Launch and bootstrap nodes of one cluster; see the module docstring."""
 
-    def __init__(self, recipe: Recipe, record: ClusterFile, store: Store, *, ssh_timeouts: SshTimeouts = SshTimeouts(),
-                 reporter_factory=None) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        record: ClusterFile,
+        store: Store,
+        *,
+        ssh_timeouts: SshTimeouts = SshTimeouts(),
+        reporter_factory=None,
+    ) -> None:
         self.recipe, self.record, self.store = recipe, record, store
         self.cluster = recipe.name
         self.ssh_timeouts = ssh_timeouts
@@ -72,20 +79,33 @@ class Provisioner:
     def instances(self) -> list:
         """Every worker instance of the cluster in any state, fresh from each of the recipe's
         providers (a head VM holds the control plane, not a node)."""
-        return [inst for provider in providers_of(self.recipe) for inst in provider.instances(self.cluster)
-                if not is_head(inst)]
+        return [
+            inst
+            for provider in providers_of(self.recipe)
+            for inst in provider.instances(self.cluster)
+            if not is_head(inst)
+        ]
 
     def live(self) -> list:
         return [inst for inst in self.instances() if not inst.state.is_gone]
 
     def pending_intents(self) -> list[LaunchIntent]:
         prefix = key(self.cluster, "launches") + "/"
-        return sorted((LaunchIntent(**json.loads(raw)) for _, raw, _ in self.store.get_prefix(prefix)),
-                      key=lambda intent: intent.at)
+        return sorted(
+            (LaunchIntent(**json.loads(raw)) for _, raw, _ in self.store.get_prefix(prefix)),
+            key=lambda intent: intent.at,
+        )
 
     # -- launching ------------------------------------------------------------------------------
-    def launch(self, count: int, *, intent_key: str | None = None, replaces: tuple[str, ...] = (),
-               standby: int = 0, avoid_zones: frozenset[str] = frozenset()) -> list[str]:
+    def launch(
+        self,
+        count: int,
+        *,
+        intent_key: str | None = None,
+        replaces: tuple[str, ...] = (),
+        standby: int = 0,
+        avoid_zones: frozenset[str] = frozenset(),
+    ) -> list[str]:
         """Launch `count` VMs on the cheapest candidate with capacity (zones in `avoid_zones` last),
         the last `standby` of them as warm spares. Records the intent first; re-issuing a known
         `intent_key` returns its VMs. Raises CapacityError when no candidate has capacity,
@@ -101,13 +121,17 @@ class Provisioner:
                 ids = self._launch_on(placement, intent)
             except CapacityError as exc:
                 errors.append(str(exc))
-                self.store.add_event(self.cluster, "capacity", f"{_describe(placement)}: {exc}; trying the next candidate")
+                self.store.add_event(
+                    self.cluster, "capacity", f"{_describe(placement)}: {exc}; trying the next candidate"
+                )
                 continue
             self.store.delete(key(self.cluster, "launches", intent.key))
             return ids
         self.store.delete(key(self.cluster, "launches", intent.key))
-        raise CapacityError("no candidate offer had capacity: " + "; ".join(errors),
-                            hint="add candidates in other zones or instance types to the recipe")
+        raise CapacityError(
+            "no candidate offer had capacity: " + "; ".join(errors),
+            hint="add candidates in other zones or instance types to the recipe",
+        )
 
     def _intent_standby(self, intent_key: str) -> int:
         """A re-issued launch keeps the spares it was recorded with."""
@@ -118,17 +142,29 @@ class Provisioner:
         from spotrun.providers import LaunchSpec
 
         # The key names (intent, candidate): a fallback candidate must not find the first one's VMs.
-        spec = LaunchSpec(cluster=self.cluster, offer=placement.offer, count=intent.count,
-                          ssh_public_key=self.public_key, idempotency_key=f"{intent.key}-c{placement.index}")
-        self.store.add_event(self.cluster, "launch", f"launching {intent.count} x {_describe(placement)}"
-                             + (f" to replace {', '.join(intent.replaces)}" if intent.replaces else ""))
+        spec = LaunchSpec(
+            cluster=self.cluster,
+            offer=placement.offer,
+            count=intent.count,
+            ssh_public_key=self.public_key,
+            idempotency_key=f"{intent.key}-c{placement.index}",
+        )
+        self.store.add_event(
+            self.cluster,
+            "launch",
+            f"launching {intent.count} x {_describe(placement)}"
+            + (f" to replace {', '.join(intent.replaces)}" if intent.replaces else ""),
+        )
         try:
             ids = placement.provider.launch(spec)
         except CapacityError:
             raise
         except ProviderError as exc:
-            leftovers = [i.id for i in placement.provider.instances(self.cluster)
-                         if i.labels.get("idempotency_key") == spec.idempotency_key]
+            leftovers = [
+                i.id
+                for i in placement.provider.instances(self.cluster)
+                if i.labels.get("idempotency_key") == spec.idempotency_key
+            ]
             placement.provider.terminate(leftovers)
             self.store.add_event(self.cluster, "failure", f"launch failed: {exc}")
             raise
@@ -136,26 +172,44 @@ class Provisioner:
         replaces = list(intent.replaces) + [None] * len(launched)
         # Replacements first, spares last; spares are marked before any agent starts, so a
         # spare's agent never joins the job by mistake.
-        for inst in launched[len(launched) - intent.standby:] if intent.standby else ():
+        for inst in launched[len(launched) - intent.standby :] if intent.standby else ():
             self.store.put_standby(self.cluster, inst.id)
         for inst, replaced in zip(launched, replaces):
             self.record_node(inst, NodeState.BOOTING, replaces=replaced)
             if not self.store.get_ledger(self.cluster, inst.id):
-                self.store.put_ledger(self.cluster, inst.id, [LedgerSegment(inst.id, inst.price_per_hour,
-                                                                            inst.on_demand_per_hour, time.time())])
+                self.store.put_ledger(
+                    self.cluster,
+                    inst.id,
+                    [LedgerSegment(inst.id, inst.price_per_hour, inst.on_demand_per_hour, time.time())],
+                )
         return ids
 
     def record_node(self, inst, state: NodeState, *, reason: str = "", replaces: str | None = None) -> None:
         existing = self.store.get_node(inst.cluster, inst.id)
-        extra = {**(existing.extra if existing else {}), "ssh_user": inst.ssh_user,
-                 "host_public_key": inst.host_public_key}
+        extra = {
+            **(existing.extra if existing else {}),
+            "ssh_user": inst.ssh_user,
+            "host_public_key": inst.host_public_key,
+        }
         if replaces:
             extra["replaces"] = replaces
-        self.store.put_node(NodeRecord(
-            id=inst.id, cluster=inst.cluster, provider=inst.provider, zone=inst.zone,
-            instance_type=inst.instance_type, price_per_hour=inst.price_per_hour,
-            on_demand_per_hour=inst.on_demand_per_hour, ip=inst.host, ssh_port=inst.ssh_port, state=state,
-            reason=reason, launched_at=existing.launched_at if existing else inst.launched_at, extra=extra))
+        self.store.put_node(
+            NodeRecord(
+                id=inst.id,
+                cluster=inst.cluster,
+                provider=inst.provider,
+                zone=inst.zone,
+                instance_type=inst.instance_type,
+                price_per_hour=inst.price_per_hour,
+                on_demand_per_hour=inst.on_demand_per_hour,
+                ip=inst.host,
+                ssh_port=inst.ssh_port,
+                state=state,
+                reason=reason,
+                launched_at=existing.launched_at if existing else inst.launched_at,
+                extra=extra,
+            )
+        )
 
     # -- bootstrapping --------------------------------------------------------------------------
     def bootstrap(self, todo: list) -> None:
@@ -168,9 +222,16 @@ class Provisioner:
         targets = [SshTarget(i.id, i.host, i.ssh_port, i.ssh_user, i.host_public_key) for i in todo]
         by_id = {i.id: i for i in todo}
         tls_files, tls_env = vm_tls(self.recipe)
-        plan = BootstrapPlan(cluster=self.cluster, workdir=self.recipe.workdir, setup=self.recipe.setup,
-                             env={**self.recipe.env, **tls_env}, agent_argv=lambda vm: self._agent_argv(by_id[vm]),
-                             key_path=self.record.key_path, timeouts=self.ssh_timeouts, secrets=tls_files)
+        plan = BootstrapPlan(
+            cluster=self.cluster,
+            workdir=self.recipe.workdir,
+            setup=self.recipe.setup,
+            env={**self.recipe.env, **tls_env},
+            agent_argv=lambda vm: self._agent_argv(by_id[vm]),
+            key_path=self.record.key_path,
+            timeouts=self.ssh_timeouts,
+            secrets=tls_files,
+        )
         with (self.reporter_factory or LogReporter)([t.name for t in targets]) as reporter:
             outcomes = bootstrap_all(targets, plan, reporter)
         failed = {o.name: o.error for o in outcomes if not o.ok}
@@ -215,8 +276,10 @@ class Provisioner:
             self.record_node(by_id[vm], NodeState.FAILED, reason=error)
             self.store.add_event(self.cluster, "failure", f"{vm} did not come up and was terminated: {error}", vm)
         first_vm, first_error = next(iter(failed.items()))
-        raise BootstrapError(f"{len(failed)} of {len(by_id)} VMs failed to bootstrap and were terminated; "
-                             f"{first_vm}: {first_error}", hint="see `spotrun events` / `spotrun status`")
+        raise BootstrapError(
+            f"{len(failed)} of {len(by_id)} VMs failed to bootstrap and were terminated; {first_vm}: {first_error}",
+            hint="see `spotrun events` / `spotrun status`",
+        )
 
 
 def _describe(placement: Placement) -> str:

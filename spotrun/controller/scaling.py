@@ -74,11 +74,12 @@ def drain(store: Store, cluster: str, node: str, reason: str = DRAIN_REASON) -> 
         if record.state == NodeState.LEAVING:
             return record
         if record.state in _GONE:
-            raise SpotrunError(f"node {node!r} of cluster {cluster!r} is already {record.state.value}",
-                               hint="only live nodes can be drained")
+            raise SpotrunError(
+                f"node {node!r} of cluster {cluster!r} is already {record.state.value}",
+                hint="only live nodes can be drained",
+            )
         updated = replace(record, state=NodeState.LEAVING, reason=reason)
         if store.cas(k, found[1], encode(updated)):
             store.add_event(cluster, "drain", f"{node}: {reason}", node)
             return updated
-    raise MembershipError(f"node {node!r} of cluster {cluster!r} kept changing while draining it",
-                          hint="try again")
+    raise MembershipError(f"node {node!r} of cluster {cluster!r} kept changing while draining it", hint="try again")

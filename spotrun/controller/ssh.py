@@ -14,9 +14,9 @@ import socket
 import tarfile
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from spotrun import log
 from spotrun.errors import BootstrapError
@@ -61,8 +61,10 @@ def _pinned_client(target: SshTarget):
 
     parts = target.host_key.split()
     if len(parts) < 2:
-        raise BootstrapError(f"{target.name}: the provider reported no SSH host key to pin",
-                             hint="the VM may still be booting; spotrun never connects without a pinned key")
+        raise BootstrapError(
+            f"{target.name}: the provider reported no SSH host key to pin",
+            hint="the VM may still be booting; spotrun never connects without a pinned key",
+        )
     key = paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1]))
     client = paramiko.SSHClient()
     hostname = target.host if target.port == 22 else f"[{target.host}]:{target.port}"
@@ -85,7 +87,7 @@ class Session:
         self._client = client
         self._timeouts = timeouts
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -94,8 +96,15 @@ class Session:
     def close(self) -> None:
         self._client.close()
 
-    def run(self, command: str, *, on_line: LineSink | None = None, stdin: bytes | None = None,
-            timeout: float | None = None, tail: int = 20) -> CommandResult:
+    def run(
+        self,
+        command: str,
+        *,
+        on_line: LineSink | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        tail: int = 20,
+    ) -> CommandResult:
         """Run `command`, stream merged stdout/stderr lines to `on_line`; blocks until it exits.
 
         Raises BootstrapError when it runs past `timeout` (default: timeouts.command).
@@ -114,11 +123,13 @@ class Session:
         while True:
             if time.monotonic() > deadline:
                 channel.close()
-                raise BootstrapError(f"{self.target.name}: command timed out after {limit:.0f} s: {command[:60]}",
-                                     hint="last output: " + " | ".join(lines))
+                raise BootstrapError(
+                    f"{self.target.name}: command timed out after {limit:.0f} s: {command[:60]}",
+                    hint="last output: " + " | ".join(lines),
+                )
             try:
                 chunk = channel.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not chunk:
                 break
@@ -137,7 +148,7 @@ class Session:
         if on_line:
             on_line(line)
 
-    def forward(self, remote_host: str, remote_port: int) -> "Tunnel":
+    def forward(self, remote_host: str, remote_port: int) -> Tunnel:
         """A local loopback port that reaches `remote_host:remote_port` as seen from the VM;
         it lives until the tunnel or this session is closed."""
         return Tunnel(self, remote_host, remote_port)
@@ -146,8 +157,10 @@ class Session:
         """`run`, raising BootstrapError with the output tail when the exit status is not 0."""
         result = self.run(command, **kwargs)
         if result.exit_status != 0:
-            raise BootstrapError(f"{self.target.name}: {what} failed (exit {result.exit_status})",
-                                 hint="last output: " + " | ".join(result.tail[-5:]))
+            raise BootstrapError(
+                f"{self.target.name}: {what} failed (exit {result.exit_status})",
+                hint="last output: " + " | ".join(result.tail[-5:]),
+            )
         return result
 
     def put_tree(self, local_dir: Path, remote_dir: str, *, exclude: Iterable[str] = ()) -> None:
@@ -180,9 +193,12 @@ class Tunnel:
                 return
             try:
                 channel = self.session._client.get_transport().open_channel(
-                    "direct-tcpip", self.remote, peer, timeout=self.session._timeouts.connect)
+                    "direct-tcpip", self.remote, peer, timeout=self.session._timeouts.connect
+                )
             except Exception as exc:  # the VM refused or the transport died: drop this connection only
-                _log.debug("tunnel channel failed", extra=log.kv(remote=f"{self.remote[0]}:{self.remote[1]}", error=exc))
+                _log.debug(
+                    "tunnel channel failed", extra=log.kv(remote=f"{self.remote[0]}:{self.remote[1]}", error=exc)
+                )
                 conn.close()
                 continue
             threading.Thread(target=_pump, args=(conn, channel), daemon=True).start()
@@ -192,7 +208,7 @@ class Tunnel:
         self._listener.close()
         self.session.close()
 
-    def __enter__(self) -> "Tunnel":
+    def __enter__(self) -> Tunnel:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -240,8 +256,13 @@ def tar_tree(local_dir: Path, exclude: Iterable[str] = ()) -> bytes:
     return buffer.getvalue()
 
 
-def connect(target: SshTarget, key_path: Path, timeouts: SshTimeouts = SshTimeouts(),
-            *, on_retry: Callable[[str], None] | None = None) -> Session:
+def connect(
+    target: SshTarget,
+    key_path: Path,
+    timeouts: SshTimeouts = SshTimeouts(),
+    *,
+    on_retry: Callable[[str], None] | None = None,
+) -> Session:
     """Open an authenticated, host-key-pinned session, retrying while the VM boots.
 
     Blocks up to `timeouts.boot`. Raises HostKeyMismatch at once on a wrong host key and
@@ -256,24 +277,36 @@ def connect(target: SshTarget, key_path: Path, timeouts: SshTimeouts = SshTimeou
         attempt += 1
         client = _pinned_client(target)
         try:
-            client.connect(target.host, target.port, username=target.user, pkey=pkey,
-                           timeout=timeouts.connect, banner_timeout=timeouts.banner,
-                           auth_timeout=timeouts.auth, allow_agent=False, look_for_keys=False)
+            client.connect(
+                target.host,
+                target.port,
+                username=target.user,
+                pkey=pkey,
+                timeout=timeouts.connect,
+                banner_timeout=timeouts.banner,
+                auth_timeout=timeouts.auth,
+                allow_agent=False,
+                look_for_keys=False,
+            )
             return Session(target, client, timeouts)
         except (paramiko.BadHostKeyException, paramiko.SSHException) as exc:
             client.close()
             if _is_host_key_problem(exc):
-                raise HostKeyMismatch(f"{target.name}: host key of {target.host}:{target.port} does not match "
-                                      "the key the provider reported; refusing to connect",
-                                      hint="the VM may have been replaced; run `spotrun down` and `up` again") from exc
+                raise HostKeyMismatch(
+                    f"{target.name}: host key of {target.host}:{target.port} does not match "
+                    "the key the provider reported; refusing to connect",
+                    hint="the VM may have been replaced; run `spotrun down` and `up` again",
+                ) from exc
             last = f"{type(exc).__name__}: {exc}"
         except (OSError, EOFError) as exc:
             client.close()
             last = f"{type(exc).__name__}: {exc}"
         if time.monotonic() + delay > deadline:
-            raise BootstrapError(f"{target.name}: no SSH at {target.host}:{target.port} after "
-                                 f"{timeouts.boot:.0f} s and {attempt} attempts",
-                                 hint=f"last error: {last}")
+            raise BootstrapError(
+                f"{target.name}: no SSH at {target.host}:{target.port} after "
+                f"{timeouts.boot:.0f} s and {attempt} attempts",
+                hint=f"last error: {last}",
+            )
         if on_retry:
             on_retry(f"ssh attempt {attempt} failed ({last}); retrying in {delay:.1f} s")
         _log.debug("ssh retry", extra=log.kv(vm=target.name, attempt=attempt, error=last))

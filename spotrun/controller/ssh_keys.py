@@ -18,6 +18,9 @@ def ensure_keypair(path: Path, comment: str) -> str:
         path.unlink(missing_ok=True)
         pub.unlink(missing_ok=True)
         path.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+            check=True,
+            capture_output=True,
+        )
     return pub.read_text().strip()

@@ -56,20 +56,20 @@ if __name__ == "__main__":
     for _sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(_sig, lambda signum, _frame: _early_signals.append(signum))
 
-import torch  # noqa: E402,F401  pre-warm: forked workers inherit these modules
-import torch._dynamo  # noqa: E402,F401
-import torch.nn.parallel  # noqa: E402,F401
-import torch.optim  # noqa: E402,F401
-import torch.distributed.run as torchrun  # noqa: E402
-
 import argparse  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any
 
+import torch  # noqa: E402  pre-warm: forked workers inherit these modules
+import torch._dynamo  # noqa: E402
+import torch.distributed.run as torchrun  # noqa: E402
+import torch.nn.parallel  # noqa: E402
+import torch.optim  # noqa: E402,F401
 from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: E402
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: E402
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError  # noqa: E402
@@ -77,7 +77,7 @@ from torch.distributed.launcher.api import elastic_launch  # noqa: E402
 
 from spotrun.elastic import rendezvous  # noqa: E402
 
-__all__ = ["LaunchPlan", "build_plan", "main", "COLLECTIVE_TIMEOUT_ENV"]
+__all__ = ["COLLECTIVE_TIMEOUT_ENV", "LaunchPlan", "build_plan", "main"]
 
 COLLECTIVE_TIMEOUT_ENV = "SPOTRUN_COLLECTIVE_TIMEOUT_S"
 EXIT_RESTART = 75  # a worker exiting with this asks every agent to re-rendezvous (trainer convention)
@@ -97,8 +97,11 @@ class LaunchPlan:
 
 def _is_python(exe: str) -> bool:
     name = os.path.basename(exe)
-    return name == "python" or (name.startswith("python") and name[6:].replace(".", "").isdigit()) or \
-        os.path.realpath(exe) == os.path.realpath(sys.executable)
+    return (
+        name == "python"
+        or (name.startswith("python") and name[6:].replace(".", "").isdigit())
+        or os.path.realpath(exe) == os.path.realpath(sys.executable)
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -115,11 +118,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--local-addr", default=None, help="address other nodes reach this one at (default: FQDN)")
     p.add_argument("--join-timeout", type=int, default=600, help="seconds a node may wait to be admitted")
     p.add_argument("--last-call-timeout", type=int, default=1)
-    p.add_argument("--collective-timeout", type=int, default=None,
-                   help=f"init_process_group timeout for the trainer, via ${COLLECTIVE_TIMEOUT_ENV} (default 60)")
+    p.add_argument(
+        "--collective-timeout",
+        type=int,
+        default=None,
+        help=f"init_process_group timeout for the trainer, via ${COLLECTIVE_TIMEOUT_ENV} (default 60)",
+    )
     p.add_argument("--rdzv-conf", default="", help="extra key=value,... for the rendezvous (e.g. coordinated_join=0)")
-    p.add_argument("--standby-file", default=None, metavar="PATH",
-                   help="warm spare: after the imports, wait outside the rendezvous while PATH exists")
+    p.add_argument(
+        "--standby-file",
+        default=None,
+        metavar="PATH",
+        help="warm spare: after the imports, wait outside the rendezvous while PATH exists",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- training command")
     return p
 
@@ -151,17 +162,28 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         k, _, v = item.partition("=")
         conf[k.strip()] = v.strip()
     args = [
-        "--rdzv-backend", rendezvous.BACKEND_NAME,
-        "--rdzv-endpoint", ",".join(opts.etcd),
-        "--rdzv-id", opts.run_id or opts.cluster,
-        "--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items()),
-        "--nnodes", opts.nnodes,
-        "--nproc-per-node", str(opts.nproc_per_node),
-        "--max-restarts", str(MAX_RESTARTS),
-        "--monitor-interval", "0.1",
-        "--start-method", "fork",
-        "--shutdown-timeout", "5",
-        "--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT",
+        "--rdzv-backend",
+        rendezvous.BACKEND_NAME,
+        "--rdzv-endpoint",
+        ",".join(opts.etcd),
+        "--rdzv-id",
+        opts.run_id or opts.cluster,
+        "--rdzv-conf",
+        ",".join(f"{k}={v}" for k, v in conf.items()),
+        "--nnodes",
+        opts.nnodes,
+        "--nproc-per-node",
+        str(opts.nproc_per_node),
+        "--max-restarts",
+        str(MAX_RESTARTS),
+        "--monitor-interval",
+        "0.1",
+        "--start-method",
+        "fork",
+        "--shutdown-timeout",
+        "5",
+        "--signals-to-handle",
+        "SIGINT,SIGHUP,SIGQUIT",
     ]
     if opts.local_addr:
         args += ["--local-addr", opts.local_addr]
@@ -240,8 +262,9 @@ def _launch(plan: LaunchPlan) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the launcher; returns the process exit code (see the module doc)."""
-    logging.basicConfig(level=os.environ.get("SPOTRUN_LAUNCH_LOG", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("SPOTRUN_LAUNCH_LOG", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     plan = build_plan(sys.argv[1:] if argv is None else argv)
     signals = _Signals()
     signals.install()
@@ -265,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         _log.info("the rendezvous is closed: the job has finished")
     except ChildFailedError as exc:
         _log.error("workers failed: %s", exc)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         handler = rendezvous.current_handler()
         if handler is not None and handler.left and signals.leave_requested:
             code = 0  # torch's agent returns None after RendezvousGracefulExitError and trips over it

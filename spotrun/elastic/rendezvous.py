@@ -71,8 +71,9 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as _dr
@@ -91,9 +92,9 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from spotrun import log
-from spotrun.state import store as store_mod
 from spotrun.elastic import PEER_LOST_FILE_ENV
 from spotrun.errors import ControlPlaneError
+from spotrun.state import store as store_mod
 
 if TYPE_CHECKING:
     from spotrun.state.store import LeaseKeeper, Store, WatchEvent, WatchHandle
@@ -224,7 +225,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         blob, revision = found
         if not blob.startswith(_MAGIC):
             raise RendezvousStateError(f"The rendezvous state at {self.state_key} is corrupt (not written by spotrun).")
-        return blob[len(_MAGIC):], revision
+        return blob[len(_MAGIC) :], revision
 
     def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
         """See base class. Raises RendezvousConnectionError, RendezvousStateError."""
@@ -406,8 +407,14 @@ _HOLDER_ATTRS = ("_dirty", "_last_sync_time", "_cache_duration", "_state", "_set
 class _SpotrunStateHolder(_dr._BackendRendezvousStateHolder):
     """torch's state holder with watch-driven caching, lease-based death and an early last call."""
 
-    def __init__(self, backend: EtcdRendezvousBackend, settings: RendezvousSettings, node: Any,
-                 expected_nodes: int | None = None, gather_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        backend: EtcdRendezvousBackend,
+        settings: RendezvousSettings,
+        node: Any,
+        expected_nodes: int | None = None,
+        gather_s: float = 15.0,
+    ) -> None:
         super().__init__(backend, settings, cache_duration=1)
         # A round's last call stays open (up to gather_s) while a node that is alive has not joined
         # yet, and the first round also for the cluster's target size: on a busy machine restarted
@@ -431,7 +438,7 @@ class _SpotrunStateHolder(_dr._BackendRendezvousStateHolder):
             if not self._patched or not backend.watching:
                 result = super().sync()
             else:
-                fresh = 0 <= self._last_sync_time and time.monotonic() - self._last_sync_time < self._cache_duration
+                fresh = self._last_sync_time >= 0 and time.monotonic() - self._last_sync_time < self._cache_duration
                 if not self._dirty and fresh and backend.generation == self._synced_generation:
                     return None
                 self._synced_generation = backend.generation
@@ -449,7 +456,9 @@ class _SpotrunStateHolder(_dr._BackendRendezvousStateHolder):
             super()._sanitize()
             return
         state, alive = self._state, self._spotrun_backend.alive
-        members = set(state.participants) | set(state.wait_list) | set(state.redundancy_list) | set(state.last_heartbeats)
+        members = (
+            set(state.participants) | set(state.wait_list) | set(state.redundancy_list) | set(state.last_heartbeats)
+        )
         for node in members:
             if node != self._node and repr(node) not in alive:
                 state.last_heartbeats[node] = _EPOCH  # torch's sanitizer drops it as dead
@@ -656,16 +665,20 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
             with self._heartbeat_lock:
                 self._state_holder.sync()
                 state = self._state_holder.state
-        except Exception as exc:  # noqa: BLE001 - the agent must not die of a transient etcd error
+        except Exception as exc:
             _log.info("could not read the rendezvous state", extra=log.kv(error=exc))
             return 0
         waiting = 0 if self.coordinated_join else len(state.wait_list)
-        if self._round is not None and not state.closed and (
-            state.round != self._round or frozenset(state.participants) != self._members
+        if (
+            self._round is not None
+            and not state.closed
+            and (state.round != self._round or frozenset(state.participants) != self._members)
         ):
             if not self._reported_broken:
-                _log.info("the rendezvous round changed; restarting the local workers",
-                          extra=log.kv(node=self.node_id, round=self._round))
+                _log.info(
+                    "the rendezvous round changed; restarting the local workers",
+                    extra=log.kv(node=self.node_id, round=self._round),
+                )
                 self._reported_broken = True
             return max(waiting, 1)
         return waiting
@@ -690,8 +703,10 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
             self._alive.stop(revoke=True)  # also deletes the waiting key bound to the same lease
             try:
                 self._remove_self()
-            except Exception as exc:  # noqa: BLE001 - leaving is best effort; the lease is gone anyway
-                _log.info("could not remove the node from the rendezvous state", extra=log.kv(node=self.node_id, error=exc))
+            except Exception as exc:
+                _log.info(
+                    "could not remove the node from the rendezvous state", extra=log.kv(node=self.node_id, error=exc)
+                )
 
     def _remove_self(self) -> None:
         backend, me = self._backend, self._this_node
@@ -701,10 +716,12 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
                 return
             try:
                 state = pickle.loads(got[0])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise RendezvousStateError("The rendezvous state is corrupt.") from exc
             was_participant = me in state.participants
-            changed = was_participant or me in state.wait_list or me in state.redundancy_list or me in state.last_heartbeats
+            changed = (
+                was_participant or me in state.wait_list or me in state.redundancy_list or me in state.last_heartbeats
+            )
             if not changed:
                 return
             state.participants.pop(me, None)
@@ -728,7 +745,7 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         if closed and not _in_forked_child:
             try:
                 self._close()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 _log.info("could not close the rendezvous", extra=log.kv(error=exc))
         self.leave()
         self._backend.close()
@@ -772,7 +789,10 @@ def create_handler(params: RendezvousParameters) -> SpotrunRendezvousHandler:
         params.min_nodes,
         params.max_nodes,
         RendezvousTimeout(
-            _timeout(params, "join"), _timeout(params, "last_call"), _timeout(params, "close"), _timeout(params, "heartbeat")
+            _timeout(params, "join"),
+            _timeout(params, "last_call"),
+            _timeout(params, "close"),
+            _timeout(params, "heartbeat"),
         ),
         keep_alive_interval=timedelta(seconds=keep_alive_interval or 5),
         keep_alive_max_attempt=keep_alive_max_attempt or 3,
@@ -792,8 +812,14 @@ def create_handler(params: RendezvousParameters) -> SpotrunRendezvousHandler:
         holder = _SpotrunStateHolder(backend, settings, node, expected_nodes=expected, gather_s=float(gather_s or 0))
         _install_delay_patch()
         return SpotrunRendezvousHandler(
-            node, settings, store, holder, backend,
-            node_id=node_id, lease_ttl=lease_ttl, coordinated_join=bool(coordinated),
+            node,
+            settings,
+            store,
+            holder,
+            backend,
+            node_id=node_id,
+            lease_ttl=lease_ttl,
+            coordinated_join=bool(coordinated),
         )
     except BaseException:
         etcd.close()

@@ -33,9 +33,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,13 +62,25 @@ def _say(message: str) -> None:
 class ElasticTrainer:
     """Wraps one training loop; see the module docstring. Use as a context manager."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, total_steps: int,
-                 global_batch: int, dataset_len: int, checkpoint_dir: str | Path | None = None,
-                 every_steps: int | None = None, every_seconds: float | None = None, keep: int | None = None,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        total_steps: int,
+        global_batch: int,
+        dataset_len: int,
+        checkpoint_dir: str | Path | None = None,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        keep: int | None = None,
+        seed: int = 0,
+    ) -> None:
         if global_batch < 1 or dataset_len < 1 or total_steps < 1:
-            raise ValueError(f"global_batch ({global_batch}), dataset_len ({dataset_len}) and total_steps "
-                             f"({total_steps}) must be >= 1")
+            raise ValueError(
+                f"global_batch ({global_batch}), dataset_len ({dataset_len}) and total_steps "
+                f"({total_steps}) must be >= 1"
+            )
         self._init_group()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.total_steps, self.global_batch, self.dataset_len, self.seed = total_steps, global_batch, dataset_len, seed
@@ -94,7 +107,7 @@ class ElasticTrainer:
         self._resume()
 
     # -- public ---------------------------------------------------------------------------------
-    def __enter__(self) -> "ElasticTrainer":
+    def __enter__(self) -> ElasticTrainer:
         return self
 
     def __exit__(self, kind, exc, tb) -> bool:
@@ -153,8 +166,9 @@ class ElasticTrainer:
         if epoch not in self._orders:
             if len(self._orders) >= 2:
                 self._orders.pop(min(self._orders))
-            self._orders[epoch] = torch.randperm(self.dataset_len,
-                                                 generator=torch.Generator().manual_seed(self.seed + epoch))
+            self._orders[epoch] = torch.randperm(
+                self.dataset_len, generator=torch.Generator().manual_seed(self.seed + epoch)
+            )
         return self._orders[epoch]
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -174,15 +188,26 @@ class ElasticTrainer:
         """A copy of everything needed to resume, safe to write from another thread."""
         clone = lambda v: v.detach().clone() if torch.is_tensor(v) else v  # noqa: E731
         optim = self.optimizer.state_dict()
-        return {"model": {k: clone(v) for k, v in self.raw_model.state_dict().items()},
-                "optimizer": {"state": {k: {n: clone(t) for n, t in s.items()} for k, s in optim["state"].items()},
-                              "param_groups": optim["param_groups"]},
-                "step": self.step, "samples_seen": self.samples_seen, "world_size": self.world_size}
+        return {
+            "model": {k: clone(v) for k, v in self.raw_model.state_dict().items()},
+            "optimizer": {
+                "state": {k: {n: clone(t) for n, t in s.items()} for k, s in optim["state"].items()},
+                "param_groups": optim["param_groups"],
+            },
+            "step": self.step,
+            "samples_seen": self.samples_seen,
+            "world_size": self.world_size,
+        }
 
     def _write_and_prune(self, state: dict[str, Any]) -> None:
         started = time.monotonic()
-        manifest = self._store.write(self.checkpoint_dir, state["step"], state["world_size"],
-                                     lambda path: torch.save(state, path), state["samples_seen"])
+        manifest = self._store.write(
+            self.checkpoint_dir,
+            state["step"],
+            state["world_size"],
+            lambda path: torch.save(state, path),
+            state["samples_seen"],
+        )
         took = time.monotonic() - started
         self._store.prune(self.checkpoint_dir, self.keep)
         self._progress.checkpointed(manifest, took)
@@ -206,8 +231,10 @@ class ElasticTrainer:
 
     def _emergency_exit(self, exc: BaseException) -> None:
         """A peer died mid-collective: our replica holds the last completed step; save it and go."""
-        _say(f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
-             f"saving completed step {self.step} before leaving")
+        _say(
+            f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
+            f"saving completed step {self.step} before leaving"
+        )
         _mark_peer_lost()
         try:
             self._writer.wait()
@@ -263,7 +290,8 @@ def _is_peer_failure(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(
-        marker in text for marker in ("gloo", "connection closed", "connection reset", "broken pipe", "timed out"))
+        marker in text for marker in ("gloo", "connection closed", "connection reset", "broken pipe", "timed out")
+    )
 
 
 class _ControlFile:
@@ -328,14 +356,25 @@ class _ProgressFile:
         rate = (step - start_step) * global_batch / (now - start) if now > start else 0.0
         if now - start > 5.0:
             self._window = (now, step)
-        self._data = {"step": step, "world_size": world_size, "samples_per_s": round(rate, 2),
-                      "loss": loss, "heartbeat_at": time.time()}
+        self._data = {
+            "step": step,
+            "world_size": world_size,
+            "samples_per_s": round(rate, 2),
+            "loss": loss,
+            "heartbeat_at": time.time(),
+        }
         if now - self._last_write >= self.min_interval:
             self._flush()
 
     def checkpointed(self, manifest: checkpoint.Manifest, seconds: float) -> None:
-        self._checkpoint = {"step": manifest.step, "path": manifest.path, "bytes": manifest.bytes,
-                            "sha256": manifest.sha256, "written_at": manifest.written_at, "seconds": round(seconds, 4)}
+        self._checkpoint = {
+            "step": manifest.step,
+            "path": manifest.path,
+            "bytes": manifest.bytes,
+            "sha256": manifest.sha256,
+            "written_at": manifest.written_at,
+            "seconds": round(seconds, 4),
+        }
         self._flush()
 
     def _flush(self) -> None:

@@ -112,20 +112,28 @@ class Agent:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         with self._standby_lock:
             standby = not self._activated and self._guarded_get(lambda: self.store.get(self._standby_key())) is not None
-            self._launcher = Launcher(self.config.cluster, self.config.node, self.config.endpoints, spec,
-                                      self.config.state_dir, self._on_launcher_exit, standby=standby)
+            self._launcher = Launcher(
+                self.config.cluster,
+                self.config.node,
+                self.config.endpoints,
+                spec,
+                self.config.state_dir,
+                self._on_launcher_exit,
+                standby=standby,
+            )
         if standby:
             self._guard(lambda: self._set_state(NodeState.RUNNING, "warm spare, parked outside the training job"))
-        self._publisher = ProgressPublisher(self.store, self.config.cluster, self.config.node,
-                                            self._launcher.progress_path)
+        self._publisher = ProgressPublisher(
+            self.store, self.config.cluster, self.config.node, self._launcher.progress_path
+        )
         self._launcher.start()
         _log.info("launcher started", extra=log.kv(run=spec.run, nnodes=spec.nnodes))
 
     def _train_spec(self):
         import json
 
-        from spotrun.recipe.schema import Recipe
         from spotrun.node.supervisor import TrainSpec
+        from spotrun.recipe.schema import Recipe
 
         found = self.store.get_spec(self.config.cluster)
         if found is None:
@@ -134,12 +142,18 @@ class Agent:
         ckpt = recipe.checkpoint
         root = self.config.checkpoint_root or Path.cwd()
         record = self.store.get_node(self.config.cluster, self.config.node)
-        return TrainSpec(local_addr=record.ip if record else None,
-                         expected_nodes=self.store.get_target(self.config.cluster) or recipe.nodes.target,
-                         run=recipe.run, nnodes=f"{recipe.nodes.min}:{recipe.nodes.max}", workdir=Path.cwd(),
-                         env=dict(recipe.env), checkpoint_dir=_checkpoint_location(root, ckpt.dir if ckpt else None),
-                         every_steps=ckpt.every_steps if ckpt else None,
-                         every_seconds=ckpt.every_seconds if ckpt else None, keep=ckpt.keep if ckpt else 3)
+        return TrainSpec(
+            local_addr=record.ip if record else None,
+            expected_nodes=self.store.get_target(self.config.cluster) or recipe.nodes.target,
+            run=recipe.run,
+            nnodes=f"{recipe.nodes.min}:{recipe.nodes.max}",
+            workdir=Path.cwd(),
+            env=dict(recipe.env),
+            checkpoint_dir=_checkpoint_location(root, ckpt.dir if ckpt else None),
+            every_steps=ckpt.every_steps if ckpt else None,
+            every_seconds=ckpt.every_seconds if ckpt else None,
+            keep=ckpt.keep if ckpt else 3,
+        )
 
     def _on_launcher_exit(self, code: int, leaving: bool) -> bool:
         """Record why the launcher stopped; True when the job is finished for this node."""
@@ -215,8 +229,9 @@ class Agent:
         if notice is None:
             return
         _log.warning("preemption notice", extra=log.kv(source=notice.source, deadline=notice.deadline))
-        record = Notice(node=self.config.node, source=notice.source, deadline=notice.deadline,
-                        received_at=notice.received_at)
+        record = Notice(
+            node=self.config.node, source=notice.source, deadline=notice.deadline, received_at=notice.received_at
+        )
         self._noticed.set()
         self._retry(lambda: self.store.put_notice(self.config.cluster, record))
         left = max(0.0, notice.deadline - time.time())
@@ -242,7 +257,11 @@ class Agent:
 
     def _on_own_record(self, event: WatchEvent) -> None:
         """A drain (scale-down, TUI) marks this node `leaving`; leave the same way a notice does."""
-        if event.kind != "put" or event.value is None or event.key != key(self.config.cluster, "nodes", self.config.node):
+        if (
+            event.kind != "put"
+            or event.value is None
+            or event.key != key(self.config.cluster, "nodes", self.config.node)
+        ):
             return
         try:
             record = decode(NodeRecord, event.value)
@@ -296,8 +315,15 @@ class Agent:
     def _set_state(self, state: NodeState, reason: str) -> None:
         cluster, node = self.config.cluster, self.config.node
         current = self.store.get_node(cluster, node) or NodeRecord(
-            id=node, cluster=cluster, provider=os.environ.get("SPOTRUN_PROVIDER", "unknown"), zone="",
-            instance_type="", price_per_hour=0.0, on_demand_per_hour=0.0, launched_at=time.time())
+            id=node,
+            cluster=cluster,
+            provider=os.environ.get("SPOTRUN_PROVIDER", "unknown"),
+            zone="",
+            instance_type="",
+            price_per_hour=0.0,
+            on_demand_per_hour=0.0,
+            launched_at=time.time(),
+        )
         self.store.put_node(dataclasses.replace(current, state=state, reason=reason))
 
 
@@ -329,13 +355,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttl", type=int, default=10, help="liveness lease seconds (default 10)")
     parser.add_argument("--train", action="store_true", help="run the recipe's `run` under the elastic launcher")
     parser.add_argument("--checkpoint-root", type=Path, help="shared storage for checkpoints (default: cwd)")
-    parser.add_argument("--leave-margin", type=float, default=None,
-                        help="seconds before a preemption deadline to checkpoint and leave "
-                             "(default: measured from the job's checkpoint write time)")
+    parser.add_argument(
+        "--leave-margin",
+        type=float,
+        default=None,
+        help="seconds before a preemption deadline to checkpoint and leave "
+        "(default: measured from the job's checkpoint write time)",
+    )
     args = parser.parse_args(argv)
     log.setup(1)  # the agent's log file is for people debugging a VM: keep INFO lines
-    config = AgentConfig(args.cluster, args.node, args.etcd, args.ttl, args.notice_protocol, args.metadata_url,
-                         args.train, args.checkpoint_root, leave_margin_s=args.leave_margin)
+    config = AgentConfig(
+        args.cluster,
+        args.node,
+        args.etcd,
+        args.ttl,
+        args.notice_protocol,
+        args.metadata_url,
+        args.train,
+        args.checkpoint_root,
+        leave_margin_s=args.leave_margin,
+    )
     try:
         run_agent(config)
     except SpotrunError as exc:

@@ -33,7 +33,11 @@ DEFAULT_BASE_URLS: dict[str, str] = {
     "gcp": "http://metadata.google.internal",
     "azure": "http://169.254.169.254",
 }
-POLL_INTERVAL_S: dict[str, float] = {"aws": 1.0, "gcp": 1.0, "azure": 1.0}  # every second: a notice is worth acting on at once
+POLL_INTERVAL_S: dict[str, float] = {
+    "aws": 1.0,
+    "gcp": 1.0,
+    "azure": 1.0,
+}  # every second: a notice is worth acting on at once
 GCP_NOTICE_S = 30.0  # GCP's documented shutdown window after `preempted` turns TRUE
 AWS_TOKEN_TTL_S = 21600
 AZURE_API_VERSION = "2020-07-01"
@@ -69,8 +73,15 @@ class NoticeWatcher:
     Not thread-safe: use one watcher per thread.
     """
 
-    def __init__(self, protocol: str, base_url: str | None = None, *, timeout: float = 2.0,
-                 long_poll_s: int = 5, gcp_notice_s: float = GCP_NOTICE_S) -> None:
+    def __init__(
+        self,
+        protocol: str,
+        base_url: str | None = None,
+        *,
+        timeout: float = 2.0,
+        long_poll_s: int = 5,
+        gcp_notice_s: float = GCP_NOTICE_S,
+    ) -> None:
         """`base_url` defaults to the cloud's real endpoint; `long_poll_s` bounds one GCP
         wait_for_change request, and so how long `wait()` takes to notice its stop event."""
         if protocol not in DEFAULT_BASE_URLS:
@@ -132,8 +143,9 @@ class NoticeWatcher:
     # -- AWS ----------------------------------------------------------------------------------
     def _aws_headers(self) -> dict[str, str]:
         if self._aws_token is None or time.monotonic() > self._aws_token_expiry:
-            reply = self._request("PUT", "/latest/api/token",
-                                  {"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL_S)})
+            reply = self._request(
+                "PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL_S)}
+            )
             if reply.status != 200:
                 raise OSError(f"IMDSv2 token request answered {reply.status}")
             # Refresh a minute early so a request never carries a token that expires in flight.
@@ -171,8 +183,9 @@ class NoticeWatcher:
         """One wait_for_change request; returns early when the value changes."""
         path = f"{self._GCP_PATH}?wait_for_change=true&last_etag={self._gcp_etag}&timeout_sec={self.long_poll_s}"
         try:
-            return self._gcp_reply(self._request("GET", path, {"Metadata-Flavor": "Google"},
-                                                 timeout=self.long_poll_s + self.timeout))
+            return self._gcp_reply(
+                self._request("GET", path, {"Metadata-Flavor": "Google"}, timeout=self.long_poll_s + self.timeout)
+            )
         except (OSError, ValueError) as exc:
             _log.debug("notice long poll failed", extra=log.kv(protocol="gcp", error=exc))
             self._gcp_etag = None  # fall back to a plain poll after the usual pause

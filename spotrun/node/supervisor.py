@@ -85,8 +85,17 @@ class ControlFile:
 class Launcher:
     """Supervises `python -m spotrun.elastic.launcher`: restarts it while the node should train."""
 
-    def __init__(self, cluster: str, node: str, endpoints: list[str], spec: TrainSpec, state_dir: Path,
-                 on_exit, *, standby: bool = False) -> None:
+    def __init__(
+        self,
+        cluster: str,
+        node: str,
+        endpoints: list[str],
+        spec: TrainSpec,
+        state_dir: Path,
+        on_exit,
+        *,
+        standby: bool = False,
+    ) -> None:
         self.cluster, self.node, self.endpoints, self.spec = cluster, node, endpoints, spec
         self.state_dir = state_dir
         # A warm spare's launcher waits outside the job while this file exists (see activate()).
@@ -140,8 +149,21 @@ class Launcher:
             proc.send_signal(sig)
 
     def _argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "spotrun.elastic.launcher", "--cluster", self.cluster, "--node", self.node,
-                "--nnodes", self.spec.nnodes, "--run-id", self.cluster, "--standby-file", str(self.standby_file)]
+        argv = [
+            sys.executable,
+            "-m",
+            "spotrun.elastic.launcher",
+            "--cluster",
+            self.cluster,
+            "--node",
+            self.node,
+            "--nnodes",
+            self.spec.nnodes,
+            "--run-id",
+            self.cluster,
+            "--standby-file",
+            str(self.standby_file),
+        ]
         for endpoint in self.endpoints:
             argv += ["--etcd", endpoint]
         if self.spec.local_addr:
@@ -152,13 +174,22 @@ class Launcher:
 
     def _env(self) -> dict[str, str]:
         # PYTHONSAFEPATH: `-m` must not import a `spotrun` directory from the workdir.
-        env = {**os.environ, **self.spec.env, "PYTHONSAFEPATH": "1", "SPOTRUN_CONTROL_FILE": str(self.control.path),
-               "SPOTRUN_PROGRESS_FILE": str(self.progress_path), "SPOTRUN_CLUSTER": self.cluster,
-               PEER_LOST_FILE_ENV: str(self.state_dir / "peer_lost"),
-               "SPOTRUN_NODE_ID": self.node, "SPOTRUN_CHECKPOINT_KEEP": str(self.spec.keep)}
-        optional = {"SPOTRUN_CHECKPOINT_DIR": self.spec.checkpoint_dir,
-                    "SPOTRUN_CHECKPOINT_EVERY_STEPS": self.spec.every_steps,
-                    "SPOTRUN_CHECKPOINT_EVERY_SECONDS": self.spec.every_seconds}
+        env = {
+            **os.environ,
+            **self.spec.env,
+            "PYTHONSAFEPATH": "1",
+            "SPOTRUN_CONTROL_FILE": str(self.control.path),
+            "SPOTRUN_PROGRESS_FILE": str(self.progress_path),
+            "SPOTRUN_CLUSTER": self.cluster,
+            PEER_LOST_FILE_ENV: str(self.state_dir / "peer_lost"),
+            "SPOTRUN_NODE_ID": self.node,
+            "SPOTRUN_CHECKPOINT_KEEP": str(self.spec.keep),
+        }
+        optional = {
+            "SPOTRUN_CHECKPOINT_DIR": self.spec.checkpoint_dir,
+            "SPOTRUN_CHECKPOINT_EVERY_STEPS": self.spec.every_steps,
+            "SPOTRUN_CHECKPOINT_EVERY_SECONDS": self.spec.every_seconds,
+        }
         env.update({k: str(v) for k, v in optional.items() if v is not None})
         return env
 
@@ -167,8 +198,14 @@ class Launcher:
         while not self._stopped.is_set():
             started = time.monotonic()
             with open(self.log_path, "ab") as out:
-                self._proc = subprocess.Popen(self._argv(), cwd=self.spec.workdir, env=self._env(), stdout=out,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                self._proc = subprocess.Popen(
+                    self._argv(),
+                    cwd=self.spec.workdir,
+                    env=self._env(),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
             if self._leaving.is_set():  # asked to leave while it was starting
                 self._signal(signal.SIGUSR1)
             code = self._proc.wait()
@@ -196,15 +233,29 @@ class ProgressPublisher:
         except (OSError, ValueError):
             return
         if data.get("step") is not None and data["step"] != self._last_step:
-            self.store.put_progress(self.cluster, Progress(
-                node=self.node, step=int(data["step"]), samples_per_s=float(data.get("samples_per_s") or 0.0),
-                world_size=int(data.get("world_size") or 0), heartbeat_at=float(data.get("heartbeat_at") or time.time()),
-                loss=data.get("loss")))
+            self.store.put_progress(
+                self.cluster,
+                Progress(
+                    node=self.node,
+                    step=int(data["step"]),
+                    samples_per_s=float(data.get("samples_per_s") or 0.0),
+                    world_size=int(data.get("world_size") or 0),
+                    heartbeat_at=float(data.get("heartbeat_at") or time.time()),
+                    loss=data.get("loss"),
+                ),
+            )
             self._last_step = data["step"]
         checkpoint = data.get("checkpoint")
         if checkpoint and checkpoint.get("step") != self._last_checkpoint:
-            self.store.put_checkpoint(self.cluster, CheckpointRecord(
-                step=int(checkpoint["step"]), path=checkpoint["path"], bytes=int(checkpoint["bytes"]),
-                sha256=checkpoint["sha256"], written_at=float(checkpoint["written_at"]),
-                seconds=float(checkpoint.get("seconds") or 0.0)))
+            self.store.put_checkpoint(
+                self.cluster,
+                CheckpointRecord(
+                    step=int(checkpoint["step"]),
+                    path=checkpoint["path"],
+                    bytes=int(checkpoint["bytes"]),
+                    sha256=checkpoint["sha256"],
+                    written_at=float(checkpoint["written_at"]),
+                    seconds=float(checkpoint.get("seconds") or 0.0),
+                ),
+            )
             self._last_checkpoint = checkpoint["step"]

@@ -24,7 +24,7 @@ import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -44,6 +44,7 @@ from spotrun.errors import RecipeError
 from spotrun.recipe.yaml_positions import Document, PathKey, Pos, Problem, format_path, read_document, read_text
 
 __all__ = [
+    "TLS",
     "Accelerator",
     "Budget",
     "Chaos",
@@ -55,7 +56,6 @@ __all__ = [
     "Recipe",
     "RecipeCheck",
     "ResourceCandidate",
-    "TLS",
     "check_file",
     "check_files",
     "load_recipe",
@@ -70,7 +70,9 @@ Provider = Literal["local", "aws", "gcp", "azure"]
 _NAME = re.compile(r"[a-z][a-z0-9-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ACCEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_ENDPOINT = re.compile(r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]+)/?")
+_ENDPOINT = re.compile(
+    r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]+)/?"
+)
 
 
 def _fail(message: str, hint: str | None = None, at: tuple[PathKey, ...] = ()) -> PydanticCustomError:
@@ -223,14 +225,14 @@ class ResourceCandidate(_Model):
     """One kind of VM that may run the job; candidates are tried in the order written."""
 
     provider: Provider
-    region: Optional[str] = None
-    zone: Optional[str] = None
+    region: str | None = None
+    zone: str | None = None
     instance_type: NonEmptyStr
-    accelerators: Optional[Accelerator] = None
+    accelerators: Accelerator | None = None
     spot: StrictBool = True
-    max_price: Optional[PositiveFloat] = None
-    prices: Optional[Prices] = None
-    boot_s: Optional[NonNegativeFloat] = None  # local only: emulate a cloud VM's launch-to-SSH time
+    max_price: PositiveFloat | None = None
+    prices: Prices | None = None
+    boot_s: NonNegativeFloat | None = None  # local only: emulate a cloud VM's launch-to-SSH time
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -240,8 +242,11 @@ class ResourceCandidate(_Model):
     @model_validator(mode="after")
     def _boot_s_local_only(self) -> ResourceCandidate:
         if self.boot_s is not None and self.provider != "local":
-            raise _fail("boot_s is only for provider 'local' (it emulates a cloud VM's boot time)",
-                        "remove boot_s: real clouds take the time they take", ("boot_s",))
+            raise _fail(
+                "boot_s is only for provider 'local' (it emulates a cloud VM's boot time)",
+                "remove boot_s: real clouds take the time they take",
+                ("boot_s",),
+            )
         return self
 
     @model_validator(mode="after")
@@ -287,8 +292,8 @@ class Checkpoint(_Model):
     """How often the trainer checkpoints; `dir` is relative to the workdir on each VM."""
 
     dir: NonEmptyStr = "checkpoints"
-    every_steps: Optional[PositiveInt] = None
-    every_seconds: Optional[PositiveFloat] = None
+    every_steps: PositiveInt | None = None
+    every_seconds: PositiveFloat | None = None
     keep: Annotated[int, Strict(), Field(ge=1)] = 3
 
     @model_validator(mode="after")
@@ -301,8 +306,8 @@ class Checkpoint(_Model):
 class Budget(_Model):
     """Spending caps in $ that the controller enforces: per hour for the cluster, and in total."""
 
-    max_per_hour: Optional[PositiveFloat] = None
-    max_total: Optional[PositiveFloat] = None
+    max_per_hour: PositiveFloat | None = None
+    max_total: PositiveFloat | None = None
 
     @model_validator(mode="after")
     def _some_cap(self) -> Budget:
@@ -314,20 +319,22 @@ class Budget(_Model):
 class TLS(_Model):
     """Files for talking TLS to an external etcd; relative to the recipe's directory."""
 
-    ca: Optional[Path] = None
-    cert: Optional[Path] = None
-    key: Optional[Path] = None
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
 
     @field_validator("ca", "cert", "key", mode="after")
     @classmethod
-    def _exists(cls, value: Optional[Path], info: ValidationInfo) -> Optional[Path]:
+    def _exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         return None if value is None else _resolve_path(value, info, want_dir=False, what=f"tls.{info.field_name}")
 
     @model_validator(mode="after")
     def _pairs(self) -> TLS:
         if (self.cert is None) != (self.key is None):
             missing = "key" if self.key is None else "cert"
-            raise _fail(f"tls.cert and tls.key go together; tls.{missing} is missing", None, ("cert" if self.cert else "key",))
+            raise _fail(
+                f"tls.cert and tls.key go together; tls.{missing} is missing", None, ("cert" if self.cert else "key",)
+            )
         if self.ca is None and self.cert is None:
             raise _fail("needs ca, or cert and key", "remove tls to use plain connections")
         return self
@@ -356,8 +363,8 @@ class Head(_Model):
     defaults to the first resource candidate's; `zone` to that provider's cheapest offer."""
 
     instance_type: NonEmptyStr
-    provider: Optional[Provider] = None
-    zone: Optional[str] = None
+    provider: Provider | None = None
+    zone: str | None = None
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -371,8 +378,8 @@ class ControlPlane(_Model):
 
     mode: Literal["embedded", "external", "head"] = "embedded"
     endpoints: tuple[Endpoint, ...] = ()
-    tls: Optional[TLS] = None
-    head: Optional[Head] = None
+    tls: TLS | None = None
+    head: Head | None = None
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -384,11 +391,19 @@ class ControlPlane(_Model):
         if self.mode == "external" and not self.endpoints:
             raise _fail("mode 'external' needs at least one endpoint", "add endpoints: [etcd-host:2379]", ("mode",))
         if self.mode == "embedded" and self.endpoints:
-            raise _fail("endpoints are only used with mode 'external'", "set mode: external, or remove endpoints", ("endpoints",))
+            raise _fail(
+                "endpoints are only used with mode 'external'",
+                "set mode: external, or remove endpoints",
+                ("endpoints",),
+            )
         if self.mode != "external" and self.tls is not None:
             raise _fail("tls is only used with mode 'external'", "set mode: external, or remove tls", ("tls",))
         if self.mode == "head" and self.endpoints:
-            raise _fail("endpoints are only used with mode 'external'", "mode 'head' starts its own etcd; remove endpoints", ("endpoints",))
+            raise _fail(
+                "endpoints are only used with mode 'external'",
+                "mode 'head' starts its own etcd; remove endpoints",
+                ("endpoints",),
+            )
         if self.mode == "head" and self.head is None:
             raise _fail("mode 'head' needs a head VM", "add head: {instance_type: t3.small}", ("mode",))
         if self.mode != "head" and self.head is not None:
@@ -400,7 +415,7 @@ class Preemption(_Model):
     """One injected preemption: `at` seconds after start, on `node` (index or "random")."""
 
     at: NonNegativeFloat
-    node: Union[StrictInt, Literal["random"]] = "random"
+    node: StrictInt | Literal["random"] = "random"
     notice: NonNegativeFloat = 30.0
 
     @field_validator("node", mode="before")
@@ -423,13 +438,13 @@ class Chaos(_Model):
     of warning, and the local cloud refuses launches beyond the trace's capacity."""
 
     preempt: tuple[Preemption, ...] = ()
-    trace: Optional[Path] = None
+    trace: Path | None = None
     time_scale: PositiveFloat = 1.0
     trace_notice: NonNegativeFloat = 30.0
 
     @field_validator("trace", mode="after")
     @classmethod
-    def _trace_exists(cls, value: Optional[Path], info: ValidationInfo) -> Optional[Path]:
+    def _trace_exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         return None if value is None else _resolve_path(value, info, want_dir=False, what="chaos.trace")
 
 
@@ -462,20 +477,22 @@ class Recipe(_Model):
     resources: tuple[ResourceCandidate, ...]
     nodes: Nodes
     workdir: Path = Field(default=Path("."), validate_default=True)
-    setup: Optional[str] = None
+    setup: str | None = None
     run: NonEmptyStr
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
-    checkpoint: Optional[Checkpoint] = None
-    budget: Optional[Budget] = None
+    checkpoint: Checkpoint | None = None
+    budget: Budget | None = None
     control_plane: ControlPlane = Field(default_factory=ControlPlane)
-    chaos: Optional[Chaos] = None
+    chaos: Chaos | None = None
 
     @field_validator("resources", mode="before")
     @classmethod
     def _some_resources(cls, value: Any) -> Any:
         # Checked here, not with min_length: pydantic reports a too_short tuple when only its items fail.
         if isinstance(value, (list, tuple)) and not value:
-            raise _fail("must list at least one resource candidate", "e.g. - {provider: local, instance_type: cpu-small}")
+            raise _fail(
+                "must list at least one resource candidate", "e.g. - {provider: local, instance_type: cpu-small}"
+            )
         return value
 
     @field_validator("workdir", mode="after")
@@ -507,13 +524,18 @@ class Recipe(_Model):
     def _control_plane_reachable(self) -> Recipe:
         head = self.control_plane.head
         if head is not None and (head.provider or self.resources[0].provider) == "local":
-            raise _fail("the head VM must be on a cloud provider",
-                        "local clusters keep etcd on this machine: use mode embedded", ("control_plane", "head"))
+            raise _fail(
+                "the head VM must be on a cloud provider",
+                "local clusters keep etcd on this machine: use mode embedded",
+                ("control_plane", "head"),
+            )
         clouds = sorted(self.providers - {"local"})
         if self.control_plane.mode == "embedded" and clouds:
-            raise _fail(f"{clouds[0]} VMs cannot reach the embedded etcd, which listens on this machine's loopback",
-                        "add control_plane: {mode: head, head: {instance_type: t3.small}}, or mode external",
-                        ("resources",))
+            raise _fail(
+                f"{clouds[0]} VMs cannot reach the embedded etcd, which listens on this machine's loopback",
+                "add control_plane: {mode: head, head: {instance_type: t3.small}}, or mode external",
+                ("resources",),
+            )
         return self
 
     @property
@@ -585,10 +607,9 @@ def _resolve(data: Any, loc: tuple[Any, ...]) -> tuple[tuple[PathKey, ...], list
     path: list[PathKey] = []
     rest: list[Any] = []
     for part in loc:
-        if isinstance(data, dict) and isinstance(part, str) and part in data and not rest:
-            data = data[part]
-            path.append(part)
-        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data) and not rest:
+        if (isinstance(data, dict) and isinstance(part, str) and part in data and not rest) or (
+            isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data) and not rest
+        ):
             data = data[part]
             path.append(part)
         else:
@@ -666,7 +687,7 @@ class RecipeCheck:
     """The outcome of checking one file: the recipe when valid, else the problem lines."""
 
     path: Path
-    recipe: Optional[Recipe]
+    recipe: Recipe | None
     problems: list[str]
 
     @property

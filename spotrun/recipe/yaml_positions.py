@@ -121,7 +121,9 @@ def read_text(path: Path) -> tuple[str | None, Problem | None]:
             return None, Problem(Pos(), "", "is a directory, not a recipe file", "pass the path of a .yaml file")
         raw = path.read_bytes()
     except FileNotFoundError:
-        return None, Problem(Pos(), "", "file not found", "check the path; recipes are YAML files such as recipes/quickstart.yaml")
+        return None, Problem(
+            Pos(), "", "file not found", "check the path; recipes are YAML files such as recipes/quickstart.yaml"
+        )
     except IsADirectoryError:
         return None, Problem(Pos(), "", "is a directory, not a recipe file", "pass the path of a .yaml file")
     except PermissionError:
@@ -136,7 +138,9 @@ def read_text(path: Path) -> tuple[str | None, Problem | None]:
         line = before.count(b"\n") + 1
         col = len(before) - (before.rfind(b"\n") + 1) + 1
         byte = raw[exc.start : exc.start + 1].hex()
-        return None, Problem(Pos(line, col), "", f"file is not valid UTF-8 (byte 0x{byte})", "save the recipe as UTF-8 text")
+        return None, Problem(
+            Pos(line, col), "", f"file is not valid UTF-8 (byte 0x{byte})", "save the recipe as UTF-8 text"
+        )
 
 
 def _yaml_problem(exc: yaml.YAMLError, text: str) -> Problem:
@@ -175,7 +179,12 @@ class _Reader:
         blank = isinstance(node, ScalarNode) and node.value == "" and node.tag == "tag:yaml.org,2002:null"
         self.doc.where[path] = Where(key, Pos.of(node.start_mark), blank or not isinstance(node, ScalarNode))
         if id(node) in self.active:
-            self.problem(Pos.of(node.start_mark), path, "an alias refers to itself (recursive structure)", "recipes cannot be recursive")
+            self.problem(
+                Pos.of(node.start_mark),
+                path,
+                "an alias refers to itself (recursive structure)",
+                "recipes cannot be recursive",
+            )
             self.doc.unreadable.add(path)
             return None
         if isinstance(node, MappingNode):
@@ -194,7 +203,12 @@ class _Reader:
             return self.loader.construct_object(node, deep=True)
         except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
             reason = getattr(exc, "problem", None) or str(exc)
-            self.problem(Pos.of(node.start_mark), path, f"cannot read value {node.value!r}: {reason}", "quote it to make it a string")
+            self.problem(
+                Pos.of(node.start_mark),
+                path,
+                f"cannot read value {node.value!r}: {reason}",
+                "quote it to make it a string",
+            )
             self.doc.unreadable.add(path)
             return None
 
@@ -218,8 +232,14 @@ class _Reader:
             except (yaml.YAMLError, ValueError, TypeError, OverflowError):
                 key = key_node.value
             if not isinstance(key, str):
-                hint = "YAML reads yes/no/on/off/true/false as booleans; quote the key" if isinstance(key, bool) else "quote the key"
-                self.problem(key_pos, path, f"keys must be strings, got {key_node.value!r} ({type(key).__name__})", hint)
+                hint = (
+                    "YAML reads yes/no/on/off/true/false as booleans; quote the key"
+                    if isinstance(key, bool)
+                    else "quote the key"
+                )
+                self.problem(
+                    key_pos, path, f"keys must be strings, got {key_node.value!r} ({type(key).__name__})", hint
+                )
                 continue
             if index >= merged_count:  # keys written here (not merged in) must be unique
                 if key in first_seen:
@@ -270,11 +290,14 @@ def read_document(text: str) -> Document:
             return doc
         if not isinstance(root, MappingNode):
             what = "a list" if isinstance(root, SequenceNode) else f"the value {root.value!r}"
-            doc.problems.append(Problem(Pos.of(root.start_mark), "", f"a recipe must be a mapping of keys to values, got {what}", empty_hint))
+            doc.problems.append(
+                Problem(
+                    Pos.of(root.start_mark), "", f"a recipe must be a mapping of keys to values, got {what}", empty_hint
+                )
+            )
             return doc
         reader = _Reader(loader, doc)
         doc.data = reader.value(root, (), None)
         return doc
     finally:
         loader.dispose()
-

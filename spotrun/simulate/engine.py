@@ -46,20 +46,50 @@ import math
 import os
 import re
 import shlex
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
-from spotrun.state.ledger import summarize
+from spotrun.controller.plan import (
+    Activate,
+    Blocked,
+    CloseLedger,
+    Desired,
+    Drain,
+    Launch,
+    NodeView,
+    Observed,
+    StopCluster,
+    Terminate,
+    plan,
+)
 from spotrun.errors import SpotrunError
-from spotrun.controller.plan import (Activate, Blocked, CloseLedger, Desired, Drain, Launch, NodeView, Observed, StopCluster,
-                          Terminate, plan)
-from spotrun.state.records import LedgerSegment
 from spotrun.simulate.traces import Trace
+from spotrun.state.ledger import summarize
+from spotrun.state.records import LedgerSegment
 
-__all__ = ["Figures", "DEFAULT_FIGURES", "FIGURES_FILE", "PROVIDER_NOTICE_S", "POLICIES", "Sample", "PolicyResult",
-           "SimulationResult", "ZoneInfo", "figures_path", "load_figures", "record_figures", "steps_from_run",
-           "run_simulation", "simulate", "render_table", "to_json", "write_chart", "terminal_chart"]
+__all__ = [
+    "DEFAULT_FIGURES",
+    "FIGURES_FILE",
+    "POLICIES",
+    "PROVIDER_NOTICE_S",
+    "Figures",
+    "PolicyResult",
+    "Sample",
+    "SimulationResult",
+    "ZoneInfo",
+    "figures_path",
+    "load_figures",
+    "record_figures",
+    "render_table",
+    "run_simulation",
+    "simulate",
+    "steps_from_run",
+    "terminal_chart",
+    "to_json",
+    "write_chart",
+]
 
 POLICIES = ("spotrun", "relaunch-all", "checkpoint-restart", "on-demand")
 FIGURES_FILE = "bench-figures.json"
@@ -110,7 +140,7 @@ class Figures:
         return data
 
     @classmethod
-    def merged(cls, base: "Figures", updates: Mapping[str, Any], source: str) -> "Figures":
+    def merged(cls, base: Figures, updates: Mapping[str, Any], source: str) -> Figures:
         """`base` with the known keys of `updates`, validated. Raises SpotrunError naming `source`."""
         changes: dict[str, Any] = {}
         for f in fields(cls):
@@ -119,8 +149,9 @@ class Figures:
             value = updates[f.name]
             if f.name == "step_s_by_world":
                 if not isinstance(value, Mapping):
-                    raise SpotrunError(f"{source}: step_s_by_world must be a mapping of world size to seconds, "
-                                       f"got {value!r}")
+                    raise SpotrunError(
+                        f"{source}: step_s_by_world must be a mapping of world size to seconds, got {value!r}"
+                    )
                 table = {}
                 for world, seconds in value.items():
                     try:
@@ -137,10 +168,16 @@ class Figures:
 
 
 def _seconds(source: str, name: str, value: Any, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
-            or (positive and value == 0):
-        raise SpotrunError(f"{source}: {name} must be a number of seconds {'> 0' if positive else '>= 0'}, "
-                           f"got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        raise SpotrunError(
+            f"{source}: {name} must be a number of seconds {'> 0' if positive else '>= 0'}, got {value!r}"
+        )
     return float(value)
 
 
@@ -149,8 +186,9 @@ def _seconds(source: str, name: str, value: Any, *, positive: bool = False) -> f
 # boot plus setup; checkpoint 0 s because the trainer writes periodic checkpoints in a background
 # thread (spotrun.elastic.trainer._AsyncWriter); step 1 s is a placeholder. Run the benches (or pass
 # overrides) for figures that mean something; the output says which figures were defaults.
-DEFAULT_FIGURES = Figures(recovery_notice_s=2.0, recovery_hard_kill_s=5.0, scale_up_s=3.0, bootstrap_s=60.0,
-                          checkpoint_s=0.0, step_s=1.0)
+DEFAULT_FIGURES = Figures(
+    recovery_notice_s=2.0, recovery_hard_kill_s=5.0, scale_up_s=3.0, bootstrap_s=60.0, checkpoint_s=0.0, step_s=1.0
+)
 
 
 def figures_path() -> Path:
@@ -159,8 +197,9 @@ def figures_path() -> Path:
     return home / FIGURES_FILE
 
 
-def load_figures(path: Path | str | None = None, overrides: Mapping[str, Any] | None = None
-                 ) -> tuple[Figures, dict[str, str]]:
+def load_figures(
+    path: Path | str | None = None, overrides: Mapping[str, Any] | None = None
+) -> tuple[Figures, dict[str, str]]:
     """Figures from `DEFAULT_FIGURES`, then the file (`path`, else `figures_path()` if it exists),
     then `overrides` (command-line values; None values are skipped). Returns the figures and the
     source of each key ("default", the file path, or "override").
@@ -172,8 +211,10 @@ def load_figures(path: Path | str | None = None, overrides: Mapping[str, Any] | 
         try:
             data = json.loads(file.read_text())
         except OSError as exc:
-            raise SpotrunError(f"cannot read bench figures {str(file)!r}: {exc.strerror or exc}",
-                               hint="run the benches, or give the figures as options") from exc
+            raise SpotrunError(
+                f"cannot read bench figures {str(file)!r}: {exc.strerror or exc}",
+                hint="run the benches, or give the figures as options",
+            ) from exc
         except json.JSONDecodeError as exc:
             raise SpotrunError(f"bench figures {str(file)!r} are not JSON: {exc.msg} at line {exc.lineno}") from exc
         if not isinstance(data, dict):
@@ -222,6 +263,7 @@ def steps_from_run(run: str) -> int | None:
 
 # -- results ----------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Sample:
     """The state after the events of one instant: capacity over all zones, nodes training, steps done."""
@@ -248,15 +290,20 @@ class PolicyResult:
     samples: tuple[Sample, ...] = ()
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
-        data = {"policy": self.policy, "finished": self.finished,
-                "time_s": None if self.time_s is None else round(self.time_s, 3),
-                "time_h": None if self.time_s is None else round(self.time_s / 3600, 4),
-                "steps_done": round(self.steps_done, 3),
-                "goodput": None if self.goodput is None else round(self.goodput, 4),
-                "total_usd": round(self.total_usd, 4),
-                "usd_per_1000_steps": None if self.usd_per_1000_steps is None else round(self.usd_per_1000_steps, 4),
-                "preemptions_survived": self.preemptions_survived, "steps_lost": round(self.steps_lost, 3),
-                "node_hours": round(self.node_hours, 4), "note": self.note}
+        data = {
+            "policy": self.policy,
+            "finished": self.finished,
+            "time_s": None if self.time_s is None else round(self.time_s, 3),
+            "time_h": None if self.time_s is None else round(self.time_s / 3600, 4),
+            "steps_done": round(self.steps_done, 3),
+            "goodput": None if self.goodput is None else round(self.goodput, 4),
+            "total_usd": round(self.total_usd, 4),
+            "usd_per_1000_steps": None if self.usd_per_1000_steps is None else round(self.usd_per_1000_steps, 4),
+            "preemptions_survived": self.preemptions_survived,
+            "steps_lost": round(self.steps_lost, 3),
+            "node_hours": round(self.node_hours, 4),
+            "note": self.note,
+        }
         if timeline:
             data["timeline"] = [[round(s.t, 3), s.capacity, s.world, round(s.step, 3)] for s in self.samples]
         return data
@@ -289,11 +336,20 @@ class SimulationResult:
 
 # -- entry points -----------------------------------------------------------------------------------
 
-def run_simulation(recipe_path: Path | str, traces: Sequence[Trace], policies: Sequence[str] = POLICIES, *,
-                   steps: int | None = None, figures: Figures | None = None,
-                   figures_file: Path | str | None = None, figure_overrides: Mapping[str, Any] | None = None,
-                   notice_s: Mapping[str, float] | float | None = None,
-                   prices: tuple[float, float] | None = None, max_hours: float = 24.0 * 30) -> SimulationResult:
+
+def run_simulation(
+    recipe_path: Path | str,
+    traces: Sequence[Trace],
+    policies: Sequence[str] = POLICIES,
+    *,
+    steps: int | None = None,
+    figures: Figures | None = None,
+    figures_file: Path | str | None = None,
+    figure_overrides: Mapping[str, Any] | None = None,
+    notice_s: Mapping[str, float] | float | None = None,
+    prices: tuple[float, float] | None = None,
+    max_hours: float = 24.0 * 30,
+) -> SimulationResult:
     """Load the recipe and `simulate` it. Steps: `steps`, else `--steps N` of the recipe's run.
     Figures: `figures` if given, else `load_figures(figures_file, figure_overrides)`.
     Raises RecipeError for a bad recipe, SpotrunError for bad traces, figures, policies or steps."""
@@ -303,56 +359,94 @@ def run_simulation(recipe_path: Path | str, traces: Sequence[Trace], policies: S
     sources: Mapping[str, str] = {f.name: "given" for f in fields(Figures)}
     if figures is None:
         figures, sources = load_figures(figures_file, figure_overrides)
-    return simulate(recipe, traces, policies, steps=steps, figures=figures, figure_sources=sources,
-                    notice_s=notice_s, prices=prices, max_hours=max_hours)
+    return simulate(
+        recipe,
+        traces,
+        policies,
+        steps=steps,
+        figures=figures,
+        figure_sources=sources,
+        notice_s=notice_s,
+        prices=prices,
+        max_hours=max_hours,
+    )
 
 
-def simulate(recipe: Any, traces: Sequence[Trace], policies: Sequence[str] = POLICIES, *, steps: int | None = None,
-             figures: Figures = DEFAULT_FIGURES, figure_sources: Mapping[str, str] | None = None,
-             notice_s: Mapping[str, float] | float | None = None, prices: tuple[float, float] | None = None,
-             max_hours: float = 24.0 * 30) -> SimulationResult:
+def simulate(
+    recipe: Any,
+    traces: Sequence[Trace],
+    policies: Sequence[str] = POLICIES,
+    *,
+    steps: int | None = None,
+    figures: Figures = DEFAULT_FIGURES,
+    figure_sources: Mapping[str, str] | None = None,
+    notice_s: Mapping[str, float] | float | None = None,
+    prices: tuple[float, float] | None = None,
+    max_hours: float = 24.0 * 30,
+) -> SimulationResult:
     """Simulate a validated `Recipe` (see the module docstring). `notice_s` overrides the lead
     time for every provider (a number) or per provider (a mapping); `prices` = (spot, on-demand)
     $/h for candidates without a `prices` table. Pure and deterministic."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
-        raise SpotrunError(f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}",
-                           hint=f"choose from {', '.join(POLICIES)}")
+        raise SpotrunError(
+            f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}",
+            hint=f"choose from {', '.join(POLICIES)}",
+        )
     if not traces:
-        raise SpotrunError("simulate needs at least one trace",
-                           hint="a trace file or e.g. poisson:nodes=4,hours=48,rate=0.2")
+        raise SpotrunError(
+            "simulate needs at least one trace", hint="a trace file or e.g. poisson:nodes=4,hours=48,rate=0.2"
+        )
     steps = steps if steps is not None else steps_from_run(recipe.run)
     if steps is None or steps < 1:
-        raise SpotrunError(f"the number of steps to simulate is unknown for recipe {recipe.name!r}"
-                           if steps is None else f"steps must be >= 1, got {steps}",
-                           hint="pass --steps N (or put --steps N in the recipe's run command)")
+        raise SpotrunError(
+            f"the number of steps to simulate is unknown for recipe {recipe.name!r}"
+            if steps is None
+            else f"steps must be >= 1, got {steps}",
+            hint="pass --steps N (or put --steps N in the recipe's run command)",
+        )
     if max_hours <= 0:
         raise SpotrunError(f"max_hours must be > 0, got {max_hours}")
     zones = tuple(_zone(recipe, i, trace, notice_s, prices) for i, trace in enumerate(traces))
     job = _JobSpec.of(recipe, steps)
     limit = max_hours * 3600.0
     od_zone = min(zones, key=lambda z: z.on_demand_per_hour)
-    undisturbed = _Sim(job, figures, (replace(od_zone, trace=Trace(1.0, (job.target,)), name="on-demand"),),
-                       limit, notices=False, on_demand=True)
+    undisturbed = _Sim(
+        job,
+        figures,
+        (replace(od_zone, trace=Trace(1.0, (job.target,)), name="on-demand"),),
+        limit,
+        notices=False,
+        on_demand=True,
+    )
     ideal = _run_static(undisturbed, one_zone=False)
     results = []
     for name in policies:
         results.append(_run_policy(name, job, figures, zones, od_zone, limit, ideal))
-    return SimulationResult(recipe.name, steps, job.target, figures, dict(figure_sources or {}), zones,
-                            ideal.time_s or 0.0, tuple(results))
+    return SimulationResult(
+        recipe.name, steps, job.target, figures, dict(figure_sources or {}), zones, ideal.time_s or 0.0, tuple(results)
+    )
 
 
-def _zone(recipe: Any, index: int, trace: Trace, notice_s: Mapping[str, float] | float | None,
-          prices: tuple[float, float] | None) -> ZoneInfo:
+def _zone(
+    recipe: Any,
+    index: int,
+    trace: Trace,
+    notice_s: Mapping[str, float] | float | None,
+    prices: tuple[float, float] | None,
+) -> ZoneInfo:
     candidate = recipe.resources[min(index, len(recipe.resources) - 1)]
     if candidate.prices is not None:
         spot, on_demand = candidate.prices.spot, candidate.prices.on_demand
     elif prices is not None:
         spot, on_demand = prices
     else:
-        raise SpotrunError(f"resources[{min(index, len(recipe.resources) - 1)}] of recipe {recipe.name!r} "
-                           "has no prices "
-                           "and none were given", hint="pass --price SPOT:ON_DEMAND ($/h per VM)")
+        raise SpotrunError(
+            f"resources[{min(index, len(recipe.resources) - 1)}] of recipe {recipe.name!r} "
+            "has no prices "
+            "and none were given",
+            hint="pass --price SPOT:ON_DEMAND ($/h per VM)",
+        )
     if isinstance(notice_s, (int, float)):
         lead = float(notice_s)
     else:
@@ -374,15 +468,23 @@ class _JobSpec:
     spares: int = 0
 
     @classmethod
-    def of(cls, recipe: Any, steps: int) -> "_JobSpec":
+    def of(cls, recipe: Any, steps: int) -> _JobSpec:
         ckpt, budget = recipe.checkpoint, recipe.budget
-        return cls(steps, recipe.nodes.target, recipe.nodes.min, recipe.nodes.max,
-                   ckpt.every_steps if ckpt else None, ckpt.every_seconds if ckpt else None,
-                   budget.max_per_hour if budget else None, budget.max_total if budget else None,
-                   recipe.nodes.spares)
+        return cls(
+            steps,
+            recipe.nodes.target,
+            recipe.nodes.min,
+            recipe.nodes.max,
+            ckpt.every_steps if ckpt else None,
+            ckpt.every_seconds if ckpt else None,
+            budget.max_per_hour if budget else None,
+            budget.max_total if budget else None,
+            recipe.nodes.spares,
+        )
 
 
 # -- the simulated world ----------------------------------------------------------------------------
+
 
 @dataclass
 class _Node:
@@ -427,8 +529,16 @@ def _changes(trace: Trace, limit: float) -> Iterator[tuple[float, int, int]]:
 class _Sim:
     """The cluster and the training job; policies drive it through launch/kill/terminate/join."""
 
-    def __init__(self, job: _JobSpec, figures: Figures, zones: Sequence[ZoneInfo], limit: float, *,
-                 notices: bool, on_demand: bool = False) -> None:
+    def __init__(
+        self,
+        job: _JobSpec,
+        figures: Figures,
+        zones: Sequence[ZoneInfo],
+        limit: float,
+        *,
+        notices: bool,
+        on_demand: bool = False,
+    ) -> None:
         self.job, self.figures, self.zones, self.limit = job, figures, list(zones), limit
         self.notices, self.on_demand = notices, on_demand
         self.t = 0.0
@@ -478,16 +588,20 @@ class _Sim:
         return self.capacity[zone] - len(self.zone_nodes(zone))
 
     def zones_by_price(self) -> list[int]:
-        key = (lambda i: (self.zones[i].on_demand_per_hour, i)) if self.on_demand else \
-            (lambda i: (self.zones[i].spot_per_hour, i))
+        key = (
+            (lambda i: (self.zones[i].on_demand_per_hour, i))
+            if self.on_demand
+            else (lambda i: (self.zones[i].spot_per_hour, i))
+        )
         return sorted(range(len(self.zones)), key=key)
 
     def launch(self, zone: int, replaces: str | None = None) -> _Node:
         self.seq += 1
         z = self.zones[zone]
         price = z.on_demand_per_hour if self.on_demand else z.spot_per_hour
-        node = _Node(f"vm-{self.seq}", zone, price, z.on_demand_per_hour, self.t,
-                     self.t + self.figures.bootstrap_s, replaces)
+        node = _Node(
+            f"vm-{self.seq}", zone, price, z.on_demand_per_hour, self.t, self.t + self.figures.bootstrap_s, replaces
+        )
         self.nodes[node.id] = node
         self.push(node.ready_at, "ready", node.id)
         return node
@@ -520,7 +634,7 @@ class _Sim:
         node.left = True
 
     def victims(self, zone: int, count: int) -> list[_Node]:
-        return self.preemption_order(self.zone_nodes(zone))[:max(0, count)]
+        return self.preemption_order(self.zone_nodes(zone))[: max(0, count)]
 
     @staticmethod
     def preemption_order(nodes: list[_Node]) -> list[_Node]:
@@ -656,26 +770,52 @@ class _Sim:
         done = self.finished_at is not None
         if not done and not note:
             note = f"did not reach {self.job.steps} steps within {self.limit / 3600:g} h"
-        return PolicyResult(policy, done, self.finished_at, self.progress,
-                            (ideal_s / self.finished_at) if done and ideal_s and self.finished_at else None,
-                            cost.total, 1000 * cost.total / self.job.steps if done else None,
-                            self.preemptions, self.steps_lost, hours, note, tuple(self.samples))
+        return PolicyResult(
+            policy,
+            done,
+            self.finished_at,
+            self.progress,
+            (ideal_s / self.finished_at) if done and ideal_s and self.finished_at else None,
+            cost.total,
+            1000 * cost.total / self.job.steps if done else None,
+            self.preemptions,
+            self.steps_lost,
+            hours,
+            note,
+            tuple(self.samples),
+        )
 
 
 # -- policies ---------------------------------------------------------------------------------------
 
-def _run_policy(name: str, job: _JobSpec, figures: Figures, zones: Sequence[ZoneInfo], od_zone: ZoneInfo,
-                limit: float, ideal: PolicyResult) -> PolicyResult:
+
+def _run_policy(
+    name: str,
+    job: _JobSpec,
+    figures: Figures,
+    zones: Sequence[ZoneInfo],
+    od_zone: ZoneInfo,
+    limit: float,
+    ideal: PolicyResult,
+) -> PolicyResult:
     if name == "on-demand":
-        sim = _Sim(job, figures, (replace(od_zone, trace=Trace(1.0, (job.target,)), name="on-demand"),), limit,
-                   notices=False, on_demand=True)
+        sim = _Sim(
+            job,
+            figures,
+            (replace(od_zone, trace=Trace(1.0, (job.target,)), name="on-demand"),),
+            limit,
+            notices=False,
+            on_demand=True,
+        )
         return _run_static(sim, one_zone=False, ideal=ideal.time_s, policy=name)
     if name == "checkpoint-restart":
-        return _run_static(_Sim(job, figures, zones, limit, notices=False), one_zone=False, ideal=ideal.time_s,
-                           policy=name)
+        return _run_static(
+            _Sim(job, figures, zones, limit, notices=False), one_zone=False, ideal=ideal.time_s, policy=name
+        )
     if name == "relaunch-all":
-        return _run_static(_Sim(job, figures, zones, limit, notices=False), one_zone=True, ideal=ideal.time_s,
-                           policy=name)
+        return _run_static(
+            _Sim(job, figures, zones, limit, notices=False), one_zone=True, ideal=ideal.time_s, policy=name
+        )
     return _run_spotrun(_Sim(job, figures, zones, limit, notices=True), job, ideal.time_s)
 
 
@@ -723,8 +863,15 @@ def _run_static(sim: _Sim, *, one_zone: bool, ideal: float | None = None, policy
 def _run_spotrun(sim: _Sim, job: _JobSpec, ideal: float | None) -> PolicyResult:
     """Drive `spotrun.controller.plan.plan` at every instant; apply its actions; play provider and agents."""
     launch_price = min(z.spot_per_hour for z in sim.zones)
-    desired = Desired(target=job.target, min=job.min, max=job.max, max_per_hour=job.max_per_hour,
-                      max_total=job.max_total, launch_price=launch_price, spares=job.spares)
+    desired = Desired(
+        target=job.target,
+        min=job.min,
+        max=job.max,
+        max_per_hour=job.max_per_hour,
+        max_total=job.max_total,
+        launch_price=launch_price,
+        spares=job.spares,
+    )
     state = {"stopped": False, "note": "", "finished_ids": set()}
 
     def views(s: _Sim) -> list[NodeView]:
@@ -732,10 +879,23 @@ def _run_spotrun(sim: _Sim, job: _JobSpec, ideal: float | None) -> PolicyResult:
         for n in s.nodes.values():
             if n.id in state["finished_ids"]:
                 continue
-            out.append(NodeView(id=n.id, price_per_hour=n.price, gone=n.gone, alive=n.ready(s.t),
-                                ready=n.ready(s.t), noticed=n.noticed, notice_deadline=n.deadline,
-                                leaving=n.leaving, left=n.left, ledger_open=n.end is None,
-                                launched_at=n.launched_at, replaces=n.replaces, standby=n.standby))
+            out.append(
+                NodeView(
+                    id=n.id,
+                    price_per_hour=n.price,
+                    gone=n.gone,
+                    alive=n.ready(s.t),
+                    ready=n.ready(s.t),
+                    noticed=n.noticed,
+                    notice_deadline=n.deadline,
+                    leaving=n.leaving,
+                    left=n.left,
+                    ledger_open=n.end is None,
+                    launched_at=n.launched_at,
+                    replaces=n.replaces,
+                    standby=n.standby,
+                )
+            )
         return out
 
     def apply(s: _Sim, action: Any) -> bool:
@@ -783,7 +943,7 @@ def _run_spotrun(sim: _Sim, job: _JobSpec, ideal: float | None) -> PolicyResult:
             if kind == "notice":
                 zone, after, at = payload
                 staying = s.preemption_order([n for n in s.zone_nodes(zone) if not n.noticed])
-                for node in staying[:max(0, len(staying) - after)]:
+                for node in staying[: max(0, len(staying) - after)]:
                     node.noticed, node.deadline = True, at
                     s.preemptions += 1
         for kind, payload in happened:
@@ -796,15 +956,22 @@ def _run_spotrun(sim: _Sim, job: _JobSpec, ideal: float | None) -> PolicyResult:
                 for node in s.victims(zone, len(s.zone_nodes(zone)) - after):
                     s.kill(node)  # above capacity without (enough) notice
         for _ in range(100):  # level-triggered: plan again until nothing changes at this instant
-            observed = Observed(views(s), spent_total=summarize(s.segments(), now=s.t).total,
-                                stopped=state["stopped"], now=s.t)
+            observed = Observed(
+                views(s), spent_total=summarize(s.segments(), now=s.t).total, stopped=state["stopped"], now=s.t
+            )
             changed = False
             for action in plan(replace(desired, target=0) if state["stopped"] else desired, observed):
                 changed = apply(s, action) or changed
             joined = False
             for node in s.nodes.values():  # ready agents that stay join the training job
-                if node.ready(s.t) and not node.in_world and not node.leaving and not node.standby \
-                        and not state["stopped"] and s.world < job.max:
+                if (
+                    node.ready(s.t)
+                    and not node.in_world
+                    and not node.leaving
+                    and not node.standby
+                    and not state["stopped"]
+                    and s.world < job.max
+                ):
                     s.join(node)
                     joined = True
             if not (changed or joined):
@@ -822,6 +989,7 @@ def _run_spotrun(sim: _Sim, job: _JobSpec, ideal: float | None) -> PolicyResult:
 
 # -- presentation -----------------------------------------------------------------------------------
 
+
 def _fmt_time(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -837,15 +1005,25 @@ def render_table(result: SimulationResult) -> str:
     head = ("policy", "time", "goodput", "total $", "$/1000 steps", "preemptions", "steps lost", "note")
     rows = [head]
     for p in result.policies:
-        rows.append((p.policy, _fmt_time(p.time_s), "-" if p.goodput is None else f"{p.goodput:.3f}",
-                     f"{p.total_usd:.2f}" if p.total_usd >= 10 else f"{p.total_usd:.4f}",
-                     "-" if p.usd_per_1000_steps is None else f"{p.usd_per_1000_steps:.4f}",
-                     str(p.preemptions_survived), f"{p.steps_lost:.0f}", p.note))
+        rows.append(
+            (
+                p.policy,
+                _fmt_time(p.time_s),
+                "-" if p.goodput is None else f"{p.goodput:.3f}",
+                f"{p.total_usd:.2f}" if p.total_usd >= 10 else f"{p.total_usd:.4f}",
+                "-" if p.usd_per_1000_steps is None else f"{p.usd_per_1000_steps:.4f}",
+                str(p.preemptions_survived),
+                f"{p.steps_lost:.0f}",
+                p.note,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     right = {1, 2, 3, 4, 5, 6}
-    lines = [f"{result.recipe}: {result.steps} steps on {result.nodes_target} nodes; traces: "
-             + ", ".join(f"{z.name} ({z.provider}, {z.notice_s:g} s notice)" for z in result.zones)
-             + f"; undisturbed {_fmt_time(result.undisturbed_s)}"]
+    lines = [
+        f"{result.recipe}: {result.steps} steps on {result.nodes_target} nodes; traces: "
+        + ", ".join(f"{z.name} ({z.provider}, {z.notice_s:g} s notice)" for z in result.zones)
+        + f"; undisturbed {_fmt_time(result.undisturbed_s)}"
+    ]
     for n, row in enumerate(rows):
         cells = [(c.rjust(widths[i]) if i in right else c.ljust(widths[i])) for i, c in enumerate(row)]
         lines.append("  ".join(cells).rstrip())
@@ -859,15 +1037,30 @@ def render_table(result: SimulationResult) -> str:
 
 def to_json(result: SimulationResult, *, timeline: bool = False) -> str:
     """The result as one JSON object; `timeline` adds [t, capacity, world, step] samples per policy."""
-    return json.dumps({
-        "recipe": result.recipe, "steps": result.steps, "nodes_target": result.nodes_target,
-        "undisturbed_s": round(result.undisturbed_s, 3),
-        "figures": result.figures.to_dict(), "figure_sources": dict(result.figure_sources),
-        "zones": [{"name": z.name, "provider": z.provider, "spot_per_hour": z.spot_per_hour,
-                   "on_demand_per_hour": z.on_demand_per_hour, "notice_s": z.notice_s,
-                   "gap_seconds": z.trace.gap_seconds, "ticks": len(z.trace.data)} for z in result.zones],
-        "policies": [p.to_dict(timeline) for p in result.policies],
-    }, indent=2)
+    return json.dumps(
+        {
+            "recipe": result.recipe,
+            "steps": result.steps,
+            "nodes_target": result.nodes_target,
+            "undisturbed_s": round(result.undisturbed_s, 3),
+            "figures": result.figures.to_dict(),
+            "figure_sources": dict(result.figure_sources),
+            "zones": [
+                {
+                    "name": z.name,
+                    "provider": z.provider,
+                    "spot_per_hour": z.spot_per_hour,
+                    "on_demand_per_hour": z.on_demand_per_hour,
+                    "notice_s": z.notice_s,
+                    "gap_seconds": z.trace.gap_seconds,
+                    "ticks": len(z.trace.data),
+                }
+                for z in result.zones
+            ],
+            "policies": [p.to_dict(timeline) for p in result.policies],
+        },
+        indent=2,
+    )
 
 
 def _series(samples: Sequence[Sample], attr: str, times: Sequence[float]) -> list[float]:
@@ -914,13 +1107,15 @@ def terminal_chart(result: SimulationResult, width: int = 72, height: int = 12) 
     width_name = max(len(p.policy) for p in result.policies) + len("world ")
     if not (len(result.policies) == 1 and first.policy == "on-demand"):
         spot = next((p for p in result.policies if p.policy != "on-demand"), first)
-        lines.append("capacity".ljust(width_name) + " " + digits(_series(spot.samples, "capacity", times),
-                                                                  [True] * width))
+        lines.append(
+            "capacity".ljust(width_name) + " " + digits(_series(spot.samples, "capacity", times), [True] * width)
+        )
     for k, p in enumerate(result.policies):
         alive = [bool(p.samples) and t <= p.samples[-1].t + _EPS for t in times]
         lines.append(f"world {p.policy}".ljust(width_name) + " " + digits(_series(p.samples, "world", times), alive))
-    lines.append("legend: " + ", ".join(f"{_GLYPHS[k % len(_GLYPHS)]} {p.policy}"
-                                        for k, p in enumerate(result.policies)))
+    lines.append(
+        "legend: " + ", ".join(f"{_GLYPHS[k % len(_GLYPHS)]} {p.policy}" for k, p in enumerate(result.policies))
+    )
     return "\n".join(lines)
 
 
@@ -937,8 +1132,10 @@ def write_chart(result: SimulationResult, path: Path | str) -> Path:
         try:
             import matplotlib
         except ImportError:
-            raise SpotrunError(f"cannot write {str(path)!r}: PNG charts need matplotlib",
-                               hint="pip install matplotlib, or write an .svg chart") from None
+            raise SpotrunError(
+                f"cannot write {str(path)!r}: PNG charts need matplotlib",
+                hint="pip install matplotlib, or write an .svg chart",
+            ) from None
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
@@ -957,8 +1154,9 @@ def write_chart(result: SimulationResult, path: Path | str) -> Path:
         fig.savefig(path)
         plt.close(fig)
         return path
-    raise SpotrunError(f"cannot write chart {str(path)!r}: unknown format {suffix or '(none)'}",
-                       hint="use a .svg or .png file name")
+    raise SpotrunError(
+        f"cannot write chart {str(path)!r}: unknown format {suffix or '(none)'}", hint="use a .svg or .png file name"
+    )
 
 
 def _svg(result: SimulationResult) -> str:
@@ -966,19 +1164,31 @@ def _svg(result: SimulationResult) -> str:
     plot_w = width - left - 170
     span = _span(result)
     height = top + 3 * (panel + gap) + 10
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'font-family="sans-serif" font-size="12">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{left}" y="22" font-size="15">{_esc(result.recipe)}: {result.steps} steps, '
-           f'{result.nodes_target} nodes ({_fmt_time(span)} shown)</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="22" font-size="15">{_esc(result.recipe)}: {result.steps} steps, '
+        f"{result.nodes_target} nodes ({_fmt_time(span)} shown)</text>",
+    ]
     spot = next((p for p in result.policies if p.policy != "on-demand"), result.policies[0])
     cap_max = max([s.capacity for s in spot.samples] + [1])
     world_max = max([s.world for p in result.policies for s in p.samples] + [1])
-    panels = [("capacity (VMs available)", [(spot.samples, "capacity", "#555555")], cap_max, True),
-              ("world size (nodes training)", [(p.samples, "world", _COLORS[k % 6]) for k, p in
-                                               enumerate(result.policies)], world_max, True),
-              ("steps done", [(p.samples, "step", _COLORS[k % 6]) for k, p in enumerate(result.policies)],
-               float(result.steps), False)]
+    panels = [
+        ("capacity (VMs available)", [(spot.samples, "capacity", "#555555")], cap_max, True),
+        (
+            "world size (nodes training)",
+            [(p.samples, "world", _COLORS[k % 6]) for k, p in enumerate(result.policies)],
+            world_max,
+            True,
+        ),
+        (
+            "steps done",
+            [(p.samples, "step", _COLORS[k % 6]) for k, p in enumerate(result.policies)],
+            float(result.steps),
+            False,
+        ),
+    ]
     for index, (title, series, top_value, stepwise) in enumerate(panels):
         y0 = top + index * (panel + gap)
         out.append(f'<text x="{left}" y="{y0 - 6}">{title}</text>')
@@ -1001,8 +1211,10 @@ def _svg(result: SimulationResult) -> str:
         out.append(f'<text x="{x:.1f}" y="{axis_y}" text-anchor="middle">{_fmt_time(span * i / 4)}</text>')
     for k, p in enumerate(result.policies):
         y = top + 20 * k + 10
-        out.append(f'<line x1="{left + plot_w + 15}" y1="{y}" x2="{left + plot_w + 35}" y2="{y}" '
-                   f'stroke="{_COLORS[k % 6]}" stroke-width="3"/>')
+        out.append(
+            f'<line x1="{left + plot_w + 15}" y1="{y}" x2="{left + plot_w + 35}" y2="{y}" '
+            f'stroke="{_COLORS[k % 6]}" stroke-width="3"/>'
+        )
         out.append(f'<text x="{left + plot_w + 40}" y="{y + 4}">{_esc(p.policy)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

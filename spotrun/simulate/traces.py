@@ -27,8 +27,17 @@ from typing import Literal
 
 from spotrun.errors import SpotrunError
 
-__all__ = ["Trace", "ReplayEvent", "load_trace", "poisson_trace", "gcp_24h_trace", "drought_trace",
-           "parse_trace_spec", "trace_events", "GENERATORS"]
+__all__ = [
+    "GENERATORS",
+    "ReplayEvent",
+    "Trace",
+    "drought_trace",
+    "gcp_24h_trace",
+    "load_trace",
+    "parse_trace_spec",
+    "poisson_trace",
+    "trace_events",
+]
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,7 @@ def load_trace(path: Path | str) -> Trace:
 
 # -- synthetic generators ---------------------------------------------------------------------------
 
+
 def _ticks(hours: float, gap_seconds: float) -> int:
     if hours <= 0 or gap_seconds <= 0:
         raise SpotrunError(f"a synthetic trace needs hours > 0 and gap_seconds > 0, got {hours} and {gap_seconds}")
@@ -99,13 +109,21 @@ def _from_slots(down: list[list[tuple[float, float]]], ticks: int, gap: float, n
     return Trace(gap, tuple(data), name)
 
 
-def poisson_trace(nodes: int, hours: float, rate_per_hour: float, *, mean_down_s: float = 1800.0,
-                  gap_seconds: float = 300.0, seed: int = 0) -> Trace:
+def poisson_trace(
+    nodes: int,
+    hours: float,
+    rate_per_hour: float,
+    *,
+    mean_down_s: float = 1800.0,
+    gap_seconds: float = 300.0,
+    seed: int = 0,
+) -> Trace:
     """Each of `nodes` slots is preempted as a Poisson process (`rate_per_hour` per slot) and
     comes back after an exponentially distributed outage (mean `mean_down_s`)."""
     if nodes < 1 or rate_per_hour < 0 or mean_down_s <= 0:
-        raise SpotrunError(f"poisson trace needs nodes >= 1, rate >= 0, mean_down_s > 0; got {nodes}, "
-                           f"{rate_per_hour}, {mean_down_s}")
+        raise SpotrunError(
+            f"poisson trace needs nodes >= 1, rate >= 0, mean_down_s > 0; got {nodes}, {rate_per_hour}, {mean_down_s}"
+        )
     ticks = _ticks(hours, gap_seconds)
     end = ticks * gap_seconds
     rng = random.Random(seed)
@@ -123,13 +141,21 @@ def poisson_trace(nodes: int, hours: float, rate_per_hour: float, *, mean_down_s
     return _from_slots(down, ticks, gap_seconds, nodes, f"poisson-{rate_per_hour:g}ph-s{seed}")
 
 
-def gcp_24h_trace(nodes: int, hours: float, *, cap_hours: float = 24.0, restart_s: float = 600.0,
-                  gap_seconds: float = 300.0, seed: int = 0) -> Trace:
+def gcp_24h_trace(
+    nodes: int,
+    hours: float,
+    *,
+    cap_hours: float = 24.0,
+    restart_s: float = 600.0,
+    gap_seconds: float = 300.0,
+    seed: int = 0,
+) -> Trace:
     """GCP-style caps: every VM is stopped `cap_hours` after it started and its slot comes back
     `restart_s` later. Slots start staggered at seeded random offsets within the first cap."""
     if nodes < 1 or cap_hours <= 0 or restart_s < 0:
-        raise SpotrunError(f"gcp24h trace needs nodes >= 1, cap_hours > 0, restart_s >= 0; got {nodes}, "
-                           f"{cap_hours}, {restart_s}")
+        raise SpotrunError(
+            f"gcp24h trace needs nodes >= 1, cap_hours > 0, restart_s >= 0; got {nodes}, {cap_hours}, {restart_s}"
+        )
     ticks = _ticks(hours, gap_seconds)
     end = ticks * gap_seconds
     rng = random.Random(seed)
@@ -144,13 +170,23 @@ def gcp_24h_trace(nodes: int, hours: float, *, cap_hours: float = 24.0, restart_
     return _from_slots(down, ticks, gap_seconds, nodes, f"gcp24h-s{seed}")
 
 
-def drought_trace(nodes: int, hours: float, *, droughts_per_day: float = 1.0, mean_drought_hours: float = 2.0,
-                  level: int = 0, gap_seconds: float = 300.0, seed: int = 0) -> Trace:
+def drought_trace(
+    nodes: int,
+    hours: float,
+    *,
+    droughts_per_day: float = 1.0,
+    mean_drought_hours: float = 2.0,
+    level: int = 0,
+    gap_seconds: float = 300.0,
+    seed: int = 0,
+) -> Trace:
     """Full capacity, interrupted by zone-wide droughts (Poisson, `droughts_per_day`) during which
     capacity falls to `level` for an exponentially distributed time (mean `mean_drought_hours`)."""
     if nodes < 1 or not 0 <= level <= nodes or droughts_per_day < 0 or mean_drought_hours <= 0:
-        raise SpotrunError(f"drought trace needs nodes >= 1, 0 <= level <= nodes, droughts_per_day >= 0, "
-                           f"mean_drought_hours > 0; got {nodes}, {level}, {droughts_per_day}, {mean_drought_hours}")
+        raise SpotrunError(
+            f"drought trace needs nodes >= 1, 0 <= level <= nodes, droughts_per_day >= 0, "
+            f"mean_drought_hours > 0; got {nodes}, {level}, {droughts_per_day}, {mean_drought_hours}"
+        )
     ticks = _ticks(hours, gap_seconds)
     end = ticks * gap_seconds
     rng = random.Random(seed)
@@ -166,12 +202,26 @@ def drought_trace(nodes: int, hours: float, *, droughts_per_day: float = 1.0, me
 
 
 GENERATORS = {
-    "poisson": (poisson_trace, {"nodes": int, "hours": float, "rate": float, "mean_down_s": float,
-                                "gap_seconds": float, "seed": int}),
-    "gcp24h": (gcp_24h_trace, {"nodes": int, "hours": float, "cap_hours": float, "restart_s": float,
-                               "gap_seconds": float, "seed": int}),
-    "drought": (drought_trace, {"nodes": int, "hours": float, "droughts_per_day": float,
-                                "mean_drought_hours": float, "level": int, "gap_seconds": float, "seed": int}),
+    "poisson": (
+        poisson_trace,
+        {"nodes": int, "hours": float, "rate": float, "mean_down_s": float, "gap_seconds": float, "seed": int},
+    ),
+    "gcp24h": (
+        gcp_24h_trace,
+        {"nodes": int, "hours": float, "cap_hours": float, "restart_s": float, "gap_seconds": float, "seed": int},
+    ),
+    "drought": (
+        drought_trace,
+        {
+            "nodes": int,
+            "hours": float,
+            "droughts_per_day": float,
+            "mean_drought_hours": float,
+            "level": int,
+            "gap_seconds": float,
+            "seed": int,
+        },
+    ),
 }
 
 
@@ -188,8 +238,9 @@ def parse_trace_spec(spec: str) -> Trace:
         name, eq, value = part.partition("=")
         name = name.strip()
         if not eq or name not in fields:
-            raise SpotrunError(f"trace spec {spec!r}: unknown or malformed {part!r}",
-                               hint=f"{kind} takes {', '.join(fields)}")
+            raise SpotrunError(
+                f"trace spec {spec!r}: unknown or malformed {part!r}", hint=f"{kind} takes {', '.join(fields)}"
+            )
         try:
             args[name] = fields[name](value.strip())
         except ValueError:
@@ -204,6 +255,7 @@ def parse_trace_spec(spec: str) -> Trace:
 
 
 # -- replay -----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ReplayEvent:
@@ -223,8 +275,9 @@ def trace_events(trace: Trace, time_scale: float, nodes: int, *, notice_s: float
     T - notice_s (never before 0; the notice shrinks instead) so the nodes die at T; a rise
     becomes a restore at T. `notice_s` is in replay (scaled) seconds. Pure; sorted by time."""
     if time_scale <= 0 or nodes < 1 or notice_s < 0:
-        raise SpotrunError(f"trace replay needs time_scale > 0, nodes >= 1, notice_s >= 0; got {time_scale}, "
-                           f"{nodes}, {notice_s}")
+        raise SpotrunError(
+            f"trace replay needs time_scale > 0, nodes >= 1, notice_s >= 0; got {time_scale}, {nodes}, {notice_s}"
+        )
     events, before = [], nodes
     for k, value in enumerate(trace.data):
         now = min(value, nodes)

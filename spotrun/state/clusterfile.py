@@ -57,8 +57,7 @@ def load(name: str) -> ClusterFile:
     path = _clusters_root() / name / "cluster.json"
     if not path.is_file():
         known = ", ".join(names()) or "none"
-        raise NotFoundError(f"no cluster named {name!r} on this machine (known: {known})",
-                            hint="see `spotrun status`")
+        raise NotFoundError(f"no cluster named {name!r} on this machine (known: {known})", hint="see `spotrun status`")
     return ClusterFile(**json.loads(path.read_text()))
 
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from spotrun.state.store import Store
 
 
-def endpoints_for(recipe: "Recipe") -> tuple[list[str], bool]:
+def endpoints_for(recipe: Recipe) -> tuple[list[str], bool]:
     """(endpoints, embedded) for a recipe; starts the embedded etcd when the recipe uses it."""
     if recipe.control_plane.mode == "external":
         return [_as_url(e) for e in recipe.control_plane.endpoints], False
@@ -21,7 +21,7 @@ def endpoints_for(recipe: "Recipe") -> tuple[list[str], bool]:
     return [etcd_server.ensure_running().endpoint], True
 
 
-def connect_recipe(recipe: "Recipe", endpoints: list[str]) -> "Store":
+def connect_recipe(recipe: Recipe, endpoints: list[str]) -> Store:
     """A store on `endpoints` with the recipe's TLS files. Raises ControlPlaneError."""
     from spotrun.state.store import connect
 
@@ -29,15 +29,17 @@ def connect_recipe(recipe: "Recipe", endpoints: list[str]) -> "Store":
     return connect(endpoints, ca=tls_path(tls, "ca"), cert=tls_path(tls, "cert"), key=tls_path(tls, "key"))
 
 
-def connect_default() -> "Store":
+def connect_default() -> Store:
     """The embedded etcd, for commands that name no recipe. Raises ControlPlaneError if it is down."""
     from spotrun.state import etcd_server
     from spotrun.state.store import connect
 
     info = etcd_server.status()
     if info is None:
-        raise ControlPlaneError("the embedded etcd is not running",
-                                hint="start a cluster with `spotrun up RECIPE` or run `spotrun etcd start`")
+        raise ControlPlaneError(
+            "the embedded etcd is not running",
+            hint="start a cluster with `spotrun up RECIPE` or run `spotrun etcd start`",
+        )
     return connect([info.endpoint])
 
 

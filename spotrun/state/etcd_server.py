@@ -26,9 +26,10 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from spotrun import log
 from spotrun.errors import ControlPlaneError
@@ -94,7 +95,9 @@ def checked_binary() -> tuple[Path, str]:
     version = binary_version(binary)
     if tuple(int(p) for p in version.split(".")) < MIN_VERSION:
         minimum = ".".join(map(str, MIN_VERSION))
-        raise ControlPlaneError(f"etcd {version} at {binary} is too old; spotrun needs etcd >= {minimum}", hint=INSTALL_HINT)
+        raise ControlPlaneError(
+            f"etcd {version} at {binary} is too old; spotrun needs etcd >= {minimum}", hint=INSTALL_HINT
+        )
     return binary, version
 
 
@@ -208,7 +211,9 @@ class EtcdProcess:
 
     def info(self) -> EtcdServerInfo:
         assert self.proc and self.client_port and self.peer_port, "etcd is not started"
-        return EtcdServerInfo(self.endpoint, self.proc.pid, self.version, str(self.data_dir), self.client_port, self.peer_port)
+        return EtcdServerInfo(
+            self.endpoint, self.proc.pid, self.version, str(self.data_dir), self.client_port, self.peer_port
+        )
 
     def start(self, timeout: float = START_TIMEOUT_S) -> EtcdServerInfo:
         """Start etcd and block until /health is ok. Idempotent while running.
@@ -244,8 +249,12 @@ class EtcdProcess:
             logf.write(f"--- spotrun: starting etcd at {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
             logf.flush()
             self.proc = subprocess.Popen(
-                self._argv(), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                start_new_session=self.detach, close_fds=True,
+                self._argv(),
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=self.detach,
+                close_fds=True,
             )
         _children[self.proc.pid] = self.proc
         self._wait_healthy(timeout)
@@ -257,12 +266,31 @@ class EtcdProcess:
         advertise = f"http://{self.advertise_host}:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         return [
-            str(self._binary), "--name", self.name, "--data-dir", str(self.data_dir),
-            "--listen-client-urls", listen, "--advertise-client-urls", advertise,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{self.name}={peer}", "--initial-cluster-state", "new",
-            "--initial-cluster-token", f"spotrun-{self.name}", "--logger", "zap",
-            "--auto-compaction-mode", "revision", "--auto-compaction-retention", "100000",
+            str(self._binary),
+            "--name",
+            self.name,
+            "--data-dir",
+            str(self.data_dir),
+            "--listen-client-urls",
+            listen,
+            "--advertise-client-urls",
+            advertise,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"{self.name}={peer}",
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            f"spotrun-{self.name}",
+            "--logger",
+            "zap",
+            "--auto-compaction-mode",
+            "revision",
+            "--auto-compaction-retention",
+            "100000",
             *ELECTION_ARGS,
         ]
 
@@ -414,7 +442,9 @@ def ensure_running(timeout: float = START_TIMEOUT_S) -> EtcdServerInfo:
         client, peer = _read_ports()
         client = client if client and port_is_free(client) else None
         peer = peer if client and peer and port_is_free(peer) else None
-        proc = EtcdProcess(etcd_dir() / "data", client, peer, log_path=etcd_dir() / "etcd.log", detach=True, binary=binary)
+        proc = EtcdProcess(
+            etcd_dir() / "data", client, peer, log_path=etcd_dir() / "etcd.log", detach=True, binary=binary
+        )
         proc.version = version
         started = proc.start(timeout)
         _write_state(started)

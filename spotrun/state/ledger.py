@@ -21,9 +21,13 @@ class CostSummary:
         return 100.0 * (1 - self.total / self.on_demand_total) if self.on_demand_total > 0 else 0.0
 
     def to_dict(self) -> dict[str, float]:
-        return {"burn_per_hour": round(self.burn_per_hour, 6), "on_demand_per_hour": round(self.on_demand_per_hour, 6),
-                "total": round(self.total, 6), "on_demand_total": round(self.on_demand_total, 6),
-                "savings_pct": round(self.savings_pct, 2)}
+        return {
+            "burn_per_hour": round(self.burn_per_hour, 6),
+            "on_demand_per_hour": round(self.on_demand_per_hour, 6),
+            "total": round(self.total, 6),
+            "on_demand_total": round(self.on_demand_total, 6),
+            "savings_pct": round(self.savings_pct, 2),
+        }
 
 
 def summarize(segments: list[LedgerSegment], now: float | None = None) -> CostSummary:
@@ -37,8 +41,9 @@ def summarize(segments: list[LedgerSegment], now: float | None = None) -> CostSu
     return CostSummary(burn, burn_od, total, total_od)
 
 
-def reprice(segments: list[LedgerSegment], price_per_hour: float, on_demand_per_hour: float,
-            at: float) -> list[LedgerSegment]:
+def reprice(
+    segments: list[LedgerSegment], price_per_hour: float, on_demand_per_hour: float, at: float
+) -> list[LedgerSegment]:
     """A price refresh: end the open segment at `at` and open one at the new price. Unchanged
     prices (or no open segment) leave the ledger as it is."""
     open_ = [s for s in segments if s.end is None]

@@ -20,8 +20,9 @@ import queue
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from spotrun import log
@@ -91,7 +92,9 @@ def _boundary(fn: F) -> F:
 
 def _check_name(what: str, name: str) -> str:
     if not _NAME.match(name):
-        raise ValueError(f"{what} {name!r} must be 1-128 of letters, digits, '.', '_' or '-', starting with a letter or digit")
+        raise ValueError(
+            f"{what} {name!r} must be 1-128 of letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
     return name
 
 
@@ -142,8 +145,13 @@ def _grpc_options(host: str) -> list[tuple[str, int]]:
 
 
 def connect(
-    endpoints: list[str], *, ca: str | None = None, cert: str | None = None, key: str | None = None,
-    timeout: float = 5.0, check: bool = True,
+    endpoints: list[str],
+    *,
+    ca: str | None = None,
+    cert: str | None = None,
+    key: str | None = None,
+    timeout: float = 5.0,
+    check: bool = True,
 ) -> Store:
     """Connect to etcd at `endpoints` (`http://host:port`, `https://...` with `ca`).
 
@@ -152,8 +160,9 @@ def connect(
     VM's agent, launcher, rendezvous and trainer all reach an etcd that wants TLS.
     Raises ControlPlaneError naming the endpoint.
     """
-    ca, cert, key = (given or _env_path(f"SPOTRUN_ETCD_{name}")
-                     for given, name in ((ca, "CA"), (cert, "CERT"), (key, "KEY")))
+    ca, cert, key = (
+        given or _env_path(f"SPOTRUN_ETCD_{name}") for given, name in ((ca, "CA"), (cert, "CERT"), (key, "KEY"))
+    )
     if not endpoints:
         raise ControlPlaneError("no etcd endpoint given", hint="pass at least one http://HOST:PORT")
     import grpc
@@ -169,8 +178,11 @@ def connect(
     eps = []
     for url in endpoints:
         host, port, secure = _parse_endpoint(url)
-        eps.append(pyetcd.Endpoint(host, port, secure=secure or creds is not None, creds=creds,
-                                   time_retry=1.0, opts=_grpc_options(host)))
+        eps.append(
+            pyetcd.Endpoint(
+                host, port, secure=secure or creds is not None, creds=creds, time_retry=1.0, opts=_grpc_options(host)
+            )
+        )
     client = pyetcd.MultiEndpointEtcd3Client(endpoints=eps, timeout=timeout, failover=True)
     store = Store(client, list(endpoints), timeout)
     if check:
@@ -280,7 +292,9 @@ class Store:
         try:
             return decode(cls, value)
         except (ValueError, TypeError) as exc:
-            raise ControlPlaneError(f"unreadable {cls.__name__} at {k}: {exc}", hint="delete the key or fix the writer") from exc
+            raise ControlPlaneError(
+                f"unreadable {cls.__name__} at {k}: {exc}", hint="delete the key or fix the writer"
+            ) from exc
 
     # --- spec and target ---------------------------------------------------------------------
 
@@ -338,7 +352,7 @@ class Store:
     def _ids(self, cluster: str, kind: str) -> set[str]:
         """The item names under `/spotrun/<cluster>/<kind>/`."""
         prefix = key(cluster, kind) + "/"
-        return {k[len(prefix):] for k, _, _ in self.get_prefix(prefix)}
+        return {k[len(prefix) :] for k, _, _ in self.get_prefix(prefix)}
 
     @_boundary
     def _grant(self, ttl: int) -> int:
@@ -413,14 +427,16 @@ class Store:
     def list_ledger(self, cluster: str) -> dict[str, list[LedgerSegment]]:
         """Cost segments of every node that ever ran, by node id."""
         prefix = key(cluster, "ledger") + "/"
-        return {k[len(prefix):]: self._segments(v, k) for k, v, _ in self.get_prefix(prefix)}
+        return {k[len(prefix) :]: self._segments(v, k) for k, v, _ in self.get_prefix(prefix)}
 
     @staticmethod
     def _segments(raw: bytes, k: str = "ledger") -> list[LedgerSegment]:
         try:
             return [from_dict(LedgerSegment, item) for item in json.loads(raw)]
         except (ValueError, TypeError) as exc:
-            raise ControlPlaneError(f"unreadable ledger at {k}: {exc}", hint="delete the key or fix the writer") from exc
+            raise ControlPlaneError(
+                f"unreadable ledger at {k}: {exc}", hint="delete the key or fix the writer"
+            ) from exc
 
     # --- events ------------------------------------------------------------------------------
 
@@ -436,12 +452,16 @@ class Store:
             event = Event(self._last_seq(prefix) + 1, time.time(), kind, message, node)
             if self._create_above(prefix, key(cluster, "events", event.seq), encode(event)):
                 return event
-        raise MembershipError(f"could not allocate an event number in cluster {cluster!r}", hint="too many concurrent writers")
+        raise MembershipError(
+            f"could not allocate an event number in cluster {cluster!r}", hint="too many concurrent writers"
+        )
 
     @_boundary
     def _last_seq(self, prefix: str) -> int:
-        resp = self._client.get_prefix_response(prefix, sort_order="descend", sort_target="key", limit=1, keys_only=True)
-        return int(resp.kvs[0].key.decode()[len(prefix):]) if resp.kvs else 0
+        resp = self._client.get_prefix_response(
+            prefix, sort_order="descend", sort_target="key", limit=1, keys_only=True
+        )
+        return int(resp.kvs[0].key.decode()[len(prefix) :]) if resp.kvs else 0
 
     @_boundary
     def _create_above(self, prefix: str, k: str, value: bytes) -> bool:
@@ -468,7 +488,7 @@ class Store:
     def list_clusters(self) -> list[str]:
         """Names of clusters that have any key, sorted."""
         resp = self._client.get_prefix_response(ROOT, keys_only=True)
-        return sorted({kv.key.decode()[len(ROOT):].split("/", 1)[0] for kv in resp.kvs})
+        return sorted({kv.key.decode()[len(ROOT) :].split("/", 1)[0] for kv in resp.kvs})
 
     def delete_cluster(self, cluster: str) -> int:
         """Delete every key of `cluster`; returns how many. Idempotent."""
@@ -628,7 +648,7 @@ class WatchHandle:
             except _Compacted:
                 self._resync()
                 continue
-            except Exception as exc:  # noqa: BLE001 - any failure: resubscribe, unless cancelled
+            except Exception as exc:
                 if self._stop.is_set():
                     break
                 if _is_etcd_error(exc):
@@ -693,7 +713,7 @@ class WatchHandle:
     def _resync(self) -> None:
         try:
             resp = self._store._client.get_prefix_response(self.prefix, sort_order="ascend", sort_target="key")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _log.debug("resync failed, retrying", extra=log.kv(prefix=self.prefix, error=_describe(exc)))
             self._stop.wait(0.2)
             return
@@ -709,5 +729,5 @@ class WatchHandle:
             return
         try:
             self._callback(event)
-        except Exception:  # noqa: BLE001 - a bad callback must not kill the watch
+        except Exception:
             _log.exception("watch callback failed", extra=log.kv(prefix=self.prefix, key=event.key))

@@ -53,7 +53,7 @@ def main() -> None:
                 os.replace(tmp, step_file)
             print(f"STEP {step} WORLD {world} RANK {rank} NODE {node} T {time.time():.3f}", flush=True)
             time.sleep(step_time)
-    except Exception as exc:  # noqa: BLE001 - any collective failure: re-rendezvous
+    except Exception as exc:
         print(f"WORKER EXIT 75 {type(exc).__name__}: {str(exc)[:200]}", flush=True)
         os._exit(75)
     print(f"DONE {step} WORLD {world} RANK {rank}", flush=True)

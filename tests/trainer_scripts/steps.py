@@ -34,8 +34,10 @@ with ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        line = (f"STEP {step} WORLD {t.world_size} RANK {t.rank} T {time.time():.3f} LOSS {loss.item():.5f} "
-                f"IDX {','.join(map(str, idx.tolist()))}")
+        line = (
+            f"STEP {step} WORLD {t.world_size} RANK {t.rank} T {time.time():.3f} LOSS {loss.item():.5f} "
+            f"IDX {','.join(map(str, idx.tolist()))}"
+        )
         print(line, flush=True)
         if steps_log is not None:  # survives the VM: tests read every node's steps after it is gone
             steps_log.write(line + "\n")

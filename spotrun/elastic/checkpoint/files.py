@@ -15,9 +15,10 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 _log = logging.getLogger("spotrun.checkpoint")
 
@@ -57,8 +58,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write(directory: Path, step: int, world_size: int, save: Callable[[Path], None],
-          samples_seen: int = 0) -> Manifest:
+def write(directory: Path, step: int, world_size: int, save: Callable[[Path], None], samples_seen: int = 0) -> Manifest:
     """Write checkpoint `step` atomically; `save(path)` writes the state file (e.g. torch.save).
 
     Idempotent: if a valid checkpoint for `step` exists (another survivor wrote it), it is kept.
@@ -75,8 +75,9 @@ def write(directory: Path, step: int, world_size: int, save: Callable[[Path], No
         save(state)
         with state.open("rb") as handle:
             os.fsync(handle.fileno())
-        manifest = Manifest(step, world_size, state.stat().st_size, _sha256(state), time.time(), str(final),
-                            samples_seen)
+        manifest = Manifest(
+            step, world_size, state.stat().st_size, _sha256(state), time.time(), str(final), samples_seen
+        )
         (tmp / MANIFEST_FILE).write_text(json.dumps(asdict(manifest), indent=2))
         _fsync_dir(tmp)
         try:
@@ -110,8 +111,8 @@ def steps(directory: Path) -> list[int]:
         return []
     found = []
     for entry in directory.iterdir():
-        if entry.name.startswith(_PREFIX) and entry.name[len(_PREFIX):].isdigit():
-            found.append(int(entry.name[len(_PREFIX):]))
+        if entry.name.startswith(_PREFIX) and entry.name[len(_PREFIX) :].isdigit():
+            found.append(int(entry.name[len(_PREFIX) :]))
     return sorted(found, reverse=True)
 
 
@@ -122,8 +123,10 @@ def newest_valid(directory: Path, warn: Callable[[str], None] | None = None) -> 
         manifest = verify(directory / _name(step))
         if manifest is not None:
             return manifest
-        warn(f"checkpoint {_name(step)} in {directory} is incomplete or corrupt (sha256 or size mismatch); "
-             "falling back to the previous one")
+        warn(
+            f"checkpoint {_name(step)} in {directory} is incomplete or corrupt (sha256 or size mismatch); "
+            "falling back to the previous one"
+        )
     return None
 
 

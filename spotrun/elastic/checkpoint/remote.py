@@ -33,10 +33,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from spotrun.elastic.checkpoint import files as checkpoint
 from spotrun.elastic.checkpoint.files import MANIFEST_FILE, Manifest
@@ -87,8 +88,9 @@ def _sha256(path: Path) -> str:
 _verified: dict[tuple[str, str, str], Path] = {}
 
 
-def write(url: str | os.PathLike[str], step: int, world_size: int, save: Callable[[Path], None],
-          samples_seen: int = 0) -> RemoteManifest:
+def write(
+    url: str | os.PathLike[str], step: int, world_size: int, save: Callable[[Path], None], samples_seen: int = 0
+) -> RemoteManifest:
     """Write checkpoint `step` under `url`: `save(path)` writes the state into a local temp file,
     which is uploaded as this writer's state object; then the manifest is uploaded last.
     Idempotent: a step that already verifies is kept. Raises ProviderError on storage errors."""
@@ -101,12 +103,20 @@ def write(url: str | os.PathLike[str], step: int, world_size: int, save: Callabl
     with tempfile.TemporaryDirectory(prefix="spotrun-ckpt-") as tmp:
         state = Path(tmp) / state_name
         save(state)
-        manifest = RemoteManifest(step, world_size, state.stat().st_size, _sha256(state), time.time(),
-                                  store.url(step_key), samples_seen, state_name)
-        store.put_file(_key(step_key, state_name), state)          # 1: the state, under our own name
+        manifest = RemoteManifest(
+            step,
+            world_size,
+            state.stat().st_size,
+            _sha256(state),
+            time.time(),
+            store.url(step_key),
+            samples_seen,
+            state_name,
+        )
+        store.put_file(_key(step_key, state_name), state)  # 1: the state, under our own name
         manifest_file = Path(tmp) / MANIFEST_FILE
         manifest_file.write_text(json.dumps(asdict(manifest), indent=2))
-        store.put_file(_key(step_key, MANIFEST_FILE), manifest_file)   # 2: publish
+        store.put_file(_key(step_key, MANIFEST_FILE), manifest_file)  # 2: publish
     return manifest
 
 
@@ -157,9 +167,9 @@ def steps(url: str | os.PathLike[str]) -> list[int]:
     store, prefix = _split(url)
     found = set()
     for name in store.names(_key(prefix, _PREFIX)):
-        part = name[len(prefix):].lstrip("/").split("/", 1)[0] if prefix else name.split("/", 1)[0]
-        if part.startswith(_PREFIX) and part[len(_PREFIX):].isdigit():
-            found.add(int(part[len(_PREFIX):]))
+        part = name[len(prefix) :].lstrip("/").split("/", 1)[0] if prefix else name.split("/", 1)[0]
+        if part.startswith(_PREFIX) and part[len(_PREFIX) :].isdigit():
+            found.add(int(part[len(_PREFIX) :]))
     return sorted(found, reverse=True)
 
 
@@ -177,8 +187,10 @@ def newest_valid(url: str | os.PathLike[str], warn: Callable[[str], None] | None
         manifest = _verify(store, _key(prefix, _name(step)))
         if manifest is not None:
             return manifest
-        warn(f"checkpoint {_name(step)} in {url} is incomplete or corrupt (no manifest, or sha256 or size "
-             "mismatch); falling back to the previous one")
+        warn(
+            f"checkpoint {_name(step)} in {url} is incomplete or corrupt (no manifest, or sha256 or size "
+            "mismatch); falling back to the previous one"
+        )
     return None
 
 
@@ -207,8 +219,10 @@ def load_state(manifest: Manifest) -> Any:
     if local is None or not local.exists():
         fresh = verify(manifest.path)
         if fresh is None or fresh.sha256 != manifest.sha256:
-            raise ProviderError(f"checkpoint {manifest.path} changed or vanished since it was verified",
-                                hint="resume again: the newest valid checkpoint will be picked")
+            raise ProviderError(
+                f"checkpoint {manifest.path} changed or vanished since it was verified",
+                hint="resume again: the newest valid checkpoint will be picked",
+            )
         local = _verified.pop((fresh.path, fresh.state, fresh.sha256))
     try:
         return torch.load(local, map_location="cpu", weights_only=False)
