@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--counts", default="1,8,32")
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    from spotrun.simulate.engine import figures_path, record_figures
+    from spotrun.simulate.figures import figures_path, record_figures
 
     figures = figures_path()  # the user's, before SPOTRUN_HOME points at the temp dir
     with tempfile.TemporaryDirectory(prefix="spotrun-bench-") as tmp:

@@ -732,7 +732,7 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench/recovery.py needs root (the local provider's VMs use namespaces)")
-    from spotrun.simulate.engine import figures_path, record_figures
+    from spotrun.simulate.figures import figures_path, record_figures
 
     figures = figures_path()  # the user's, before SPOTRUN_HOME points at the temp dir
     tmp = Path(tempfile.mkdtemp(prefix="spotrun-bench-recovery-"))

@@ -8,7 +8,7 @@ One run, in a temporary $SPOTRUN_HOME, on the quickstart model (recipes/quicksta
    at the drop (`node_ops.preempt`) and lowers the target to the new capacity
    (`scaling.set_target`, the local cloud has no capacity limit of its own); a rise raises it
    again. Measured goodput = undisturbed time / replay time.
-3. simulation: `spotrun.simulate.engine` of the same trace, time-scaled, with the figures of this run
+3. simulation: `spotrun.simulate.policies.simulate` of the same trace, time-scaled, with the figures of this run
    (bootstrap = the undisturbed `up` time, step time at the target world size from the
    undisturbed run) and the recorded bench figures for the rest. Simulated goodput likewise.
 
@@ -143,7 +143,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from spotrun.recipe.schema import load_recipe
-    from spotrun.simulate.engine import load_figures, simulate
+    from spotrun.simulate.figures import load_figures
+    from spotrun.simulate.policies import simulate
     from spotrun.simulate.traces import Trace, trace_events
 
     scale = args.tick / 300.0

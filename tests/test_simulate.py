@@ -18,18 +18,9 @@ from pathlib import Path
 import pytest
 
 from spotrun.errors import SpotrunError
-from spotrun.simulate.engine import (
-    DEFAULT_FIGURES,
-    Figures,
-    load_figures,
-    record_figures,
-    render_table,
-    run_simulation,
-    steps_from_run,
-    terminal_chart,
-    to_json,
-    write_chart,
-)
+from spotrun.simulate.figures import DEFAULT_FIGURES, Figures, load_figures, record_figures
+from spotrun.simulate.policies import run_simulation, steps_from_run
+from spotrun.simulate.report import render_table, terminal_chart, to_json, write_chart
 from spotrun.simulate.traces import Trace
 
 FIGURES = Figures(
