@@ -19,6 +19,7 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 
 from spotrun.elastic import rendezvous as rdzv
+from spotrun.elastic.rendezvous import torch_patches
 from spotrun.state import store as store_mod
 
 
@@ -257,8 +258,8 @@ def test_joiner_publishes_waiting_key_and_is_not_counted(etcd_server, store, clu
 def test_delay_patch_leaves_other_threads_alone() -> None:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
-    assert rdzv._install_delay_patch()
-    assert dr._delay is rdzv._watching_delay
+    assert torch_patches._install_delay_patch()
+    assert dr._delay is torch_patches._watching_delay
     t0 = time.monotonic()
     dr._delay(0.2)  # not on a spotrun executor thread: torch's plain sleep
     assert 0.18 <= time.monotonic() - t0 < 1
