@@ -11,8 +11,9 @@ missing field; 1:1 where the file has no position, e.g. when it cannot be read).
 
 Paths in a recipe (`workdir`, `control_plane.tls.*`) are relative to the recipe file's
 directory. They are resolved and checked only when validation gets a `base_dir` context, as
-`load_recipe` does; `Recipe.from_json` (the copy stored in etcd) trusts the absolute paths
-it holds and touches no file.
+`load_recipe` does; the copy stored in etcd (`to_json()`, read back by spotrun.state.spec or
+`Recipe.from_json`) is validated without one: it trusts the absolute paths it holds and touches
+no file.
 
 The models live here and in spotrun.recipe.job (nodes, checkpoint, budget, chaos); their value
 types in spotrun.recipe.fields; the translation of validation errors into those lines, with
