@@ -12,7 +12,7 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spotrun.errors import ControlPlaneError
 from spotrun.state.ledger import CostSummary, summarize
