@@ -51,10 +51,10 @@ TRACE = (3, 3, 2, 2, 3, 3, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3)
 
 def _store(cluster: str):
     from spotrun.state import clusterfile
-    from spotrun.state.control_plane import connect_recipe
+    from spotrun.state.control_plane import connect_endpoints
 
     record = clusterfile.load(cluster)
-    return connect_recipe(record.recipe(), record.endpoints)
+    return connect_endpoints(record.endpoints, record.tls)
 
 
 def _step(store, cluster: str) -> int:
@@ -97,7 +97,7 @@ def _replay(events, start: float, stop: threading.Event) -> None:
     from spotrun.client.nodes import preempt
     from spotrun.controller.placement import providers_of
     from spotrun.controller.scaling import set_target
-    from spotrun.state import clusterfile
+    from spotrun.state.spec import recipe_from_spec
 
     capacity = None
     for event in events:
@@ -109,8 +109,7 @@ def _replay(events, start: float, stop: threading.Event) -> None:
             print(f"replay: {exc}", file=sys.stderr)
             continue
         try:
-            record = clusterfile.load(CLUSTER)
-            recipe = record.recipe()
+            recipe = recipe_from_spec(store, CLUSTER)
             capacity = recipe.nodes.target if capacity is None else capacity
             noticed = {n.node for n in store.list_notices(CLUSTER)}
             if event.action == "preempt":
@@ -118,7 +117,7 @@ def _replay(events, start: float, stop: threading.Event) -> None:
                 set_target(store, CLUSTER, max(recipe.nodes.min, capacity))
                 live = [
                     i
-                    for p in providers_of(recipe)
+                    for p in providers_of(recipe.resources)
                     for i in p.instances(CLUSTER)
                     if not i.state.is_gone and i.id not in noticed
                 ]

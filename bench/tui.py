@@ -53,6 +53,7 @@ def populate(endpoint: str, workers: int) -> None:
             CLUSTER,
             {
                 "name": CLUSTER,
+                "resources": [{"provider": "local", "instance_type": "cpu-small"}],
                 "run": "python train.py --steps 1000000",
                 "nodes": {"min": 1, "max": workers * 2, "target": workers},
                 "checkpoint": {"every_steps": 500},

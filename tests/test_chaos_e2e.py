@@ -8,7 +8,7 @@ import pytest
 from test_training_e2e import Job, job_factory  # noqa: F401  (the fixture is reused here)
 
 from spotrun.state import clusterfile
-from spotrun.state.control_plane import connect_recipe
+from spotrun.state.control_plane import connect_endpoints
 from spotrun.state.store import rdzv_key
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def test_chaos_run_returns_to_target_and_loses_no_step(job_factory) -> None:
     job.wait(lambda: job.finished(1000), timeout=180, what="step 1000")
     assert [s for _, s, _ in job.steps()] == list(range(1, 1001)), "a step was skipped or ran twice"
     record = clusterfile.load(job.name)
-    with connect_recipe(record.recipe(), record.endpoints) as store:
+    with connect_endpoints(record.endpoints, record.tls) as store:
         kinds = [e.kind for e in store.list_events(job.name)]
         assert kinds.count("chaos") == 3
         assert kinds.count("launch") >= 4, "each preemption got a replacement"  # 1 at up + 3
@@ -64,7 +64,7 @@ def test_etcd_restart_during_training_loses_nothing(job_factory, etcd_process, m
     assert job.steps()[-1][1] > stopped_at, "training itself does not need etcd"
     etcd_process.start()
     record = clusterfile.load(job.name)
-    with connect_recipe(record.recipe(), record.endpoints) as store:
+    with connect_endpoints(record.endpoints, record.tls) as store:
         job.wait(lambda: len(store.list_alive(job.name)) == 3, timeout=30, what="agents back in etcd")
         victim = next(i.id for i in _provider_view(job) if not i.state.is_gone)
         preempt(job.name, victim, 8.0)  # the controller's and agents' watches must work again
@@ -92,7 +92,7 @@ def test_warm_spare_takes_a_killed_nodes_place_and_is_refilled(job_factory) -> N
     job.recipe.write_text(job.recipe.read_text().replace("target: 3}", "target: 3, spares: 1}"))
     job.up(controller=True)
     record = clusterfile.load(job.name)
-    with connect_recipe(record.recipe(), record.endpoints) as store:
+    with connect_endpoints(record.endpoints, record.tls) as store:
 
         def parked_spares() -> set[str]:
             return store.list_standby(job.name) & store.list_alive(job.name)

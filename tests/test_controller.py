@@ -15,8 +15,10 @@ from spotrun.controller.daemon import running_pid, start_daemon, stop_daemon
 from spotrun.controller.loop import Controller
 from spotrun.controller.provisioning import Provisioner
 from spotrun.controller.scaling import set_target
+from spotrun.recipe.schema import Recipe
 from spotrun.state import clusterfile
-from spotrun.state.control_plane import connect_recipe
+from spotrun.state.control_plane import connect_endpoints
+from spotrun.state.spec import put_recipe, recipe_from_spec
 from spotrun.state.store import LeaseKeeper, rdzv_key
 
 pytestmark = pytest.mark.slow
@@ -64,19 +66,13 @@ def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
 
 def _controller(name: str):
     record = clusterfile.load(name)
-    store = connect_recipe(record.recipe(), record.endpoints)
-    return Controller(
-        name, store, provisioner=Provisioner(record.recipe(), record, store, reporter_factory=QuietReporter)
-    ), store
+    store = connect_endpoints(record.endpoints, record.tls)
+    return Controller(name, store, reporter_factory=QuietReporter), store
 
 
 def _live(store, name: str) -> list:
-    record = clusterfile.load(name)
-    return [
-        i
-        for i in Provisioner(record.recipe(), record, store, reporter_factory=QuietReporter).instances()
-        if not i.state.is_gone
-    ]
+    provisioner = Provisioner(recipe_from_spec(store, name), clusterfile.load(name), store)
+    return [i for i in provisioner.instances() if not i.state.is_gone]
 
 
 def _until(check, timeout: float = 30.0, step: float = 0.1):
@@ -198,9 +194,32 @@ def test_scale_up_and_down_most_expensive_first(cluster_env) -> None:
         assert len(_live(store, name)) == 1
 
 
+def test_a_changed_spec_reaches_the_running_controller(cluster_env) -> None:
+    """A re-run of `up` writes a new spec; the controller's next launch uses its resources, setup
+    and env, not the ones it started with."""
+    name = cluster_env("respec", target=1)
+    controller, store = _controller(name)
+    with store:
+        controller.reconcile_once()  # nothing to do, but the controller now holds the first recipe
+        data = json.loads(recipe_from_spec(store, name).to_json())
+        data["resources"] = [
+            {"provider": "local", "instance_type": "cpu-large", "prices": {"spot": 0.2, "on_demand": 0.8}}
+        ]
+        data["env"] = {"GREETING": "hello from the new spec"}
+        data["setup"] = 'echo "$GREETING" > greeting.txt'
+        put_recipe(store, Recipe.model_validate(data))
+        set_target(store, name, 2)
+        controller.reconcile_once()
+        (new,) = [i for i in _live(store, name) if i.instance_type == "cpu-large"]
+        greeting = Path(new.extra["vm_dir"]) / "home" / "work" / "greeting.txt"  # the setup ran in ~/work
+        assert greeting.read_text() == "hello from the new spec\n"
+        assert store.get_node(name, new.id).price_per_hour == pytest.approx(0.2)
+        assert len(store.list_alive(name)) == 2
+
+
 def test_killed_controller_during_launch_neither_duplicates_nor_leaks(cluster_env, etcd_server) -> None:
     name = cluster_env("crash", target=1)
-    with connect_recipe(clusterfile.load(name).recipe(), [etcd_server.endpoint]) as store:
+    with connect_endpoints([etcd_server.endpoint]) as store:
         pid = start_daemon(name)
         # Not the caller's cwd: a source checkout there would shadow the installed package.
         assert os.readlink(f"/proc/{pid}/cwd") == "/"

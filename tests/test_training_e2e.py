@@ -16,7 +16,7 @@ from spotrun.controller.bootstrap import QuietReporter
 from spotrun.controller.daemon import stop_daemon
 from spotrun.controller.loop import Controller
 from spotrun.state import clusterfile
-from spotrun.state.control_plane import connect_recipe
+from spotrun.state.control_plane import connect_endpoints
 
 pytestmark = pytest.mark.slow
 
@@ -180,7 +180,7 @@ def test_fourth_node_joins_without_lost_steps(job_factory) -> None:
     job.up(controller=False)
     job.wait(lambda: job.at_world(3) and job.steps()[-1][1] > 40, what="training at world 3")
     record = clusterfile.load(job.name)
-    with connect_recipe(record.recipe(), record.endpoints) as store:
+    with connect_endpoints(record.endpoints, record.tls) as store:
         set_target(store, job.name, 4)
         Controller(job.name, store).reconcile_once()  # launches and bootstraps the 4th node
     job.wait(lambda: job.at_world(4), what="world size 4")

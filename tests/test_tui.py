@@ -34,6 +34,7 @@ from spotrun.state.store import Store, connect, key
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 SPEC = {
     "name": "demo",
+    "resources": [{"provider": "local", "instance_type": "cpu-small"}],
     "run": "python train.py --steps 5000",
     "nodes": {"min": 2, "max": 8, "target": 4},
     "checkpoint": {"every_steps": 100},

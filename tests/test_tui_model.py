@@ -24,7 +24,8 @@ def make_state() -> ClusterState:
     put(
         s,
         key(C, "spec"),
-        '{"run": "python t.py --steps 1000", "checkpoint": {"every_seconds": 60},'
+        '{"name": "m", "resources": [{"provider": "local", "instance_type": "t"}],'
+        ' "run": "python t.py --steps 1000", "checkpoint": {"every_seconds": 60},'
         ' "budget": {"max_per_hour": 2.0}, "nodes": {"min": 1, "max": 4}}',
         1,
     )
@@ -134,8 +135,8 @@ def test_latest_slot_keeps_only_the_newest():
 
 
 def test_helpers():
-    assert total_steps({"run": "torchrun x.py --max-steps=500"}) == 500
-    assert total_steps({"run": "python x.py"}) is None
+    assert total_steps("torchrun x.py --max-steps=500") == 500
+    assert total_steps("python x.py") is None
     assert fmt_duration(59) == "0m59s" and fmt_duration(3700) == "1h01m" and fmt_duration(None) == "-"
 
 
@@ -145,7 +146,10 @@ def test_helpers():
 def test_set_target_validates_and_records_an_event(store, cluster):
     with pytest.raises(NotFoundError):
         scaling.set_target(store, cluster, 3)
-    store.put_spec(cluster, {"nodes": {"min": 2, "max": 4}})
+    resources = [{"provider": "local", "instance_type": "t"}]
+    store.put_spec(
+        cluster, {"name": cluster, "resources": resources, "nodes": {"min": 2, "max": 4}, "run": "python t.py"}
+    )
     with pytest.raises(SpotrunError, match=r"target \(5\) must be between nodes.min \(2\) and nodes.max \(4\)"):
         scaling.set_target(store, cluster, 5)
     assert store.get_target(cluster) is None

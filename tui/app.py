@@ -216,9 +216,8 @@ class SpotrunApp(App[None]):
     def action_scale(self) -> None:
         if self._store() is None or self.cluster is None:
             return
-        spec = self.feed.state.spec if self.feed else None
-        nodes = (spec or {}).get("nodes") or {}
-        limits = (int(nodes["min"]), int(nodes["max"])) if "min" in nodes and "max" in nodes else None
+        recipe = self.feed.state.recipe if self.feed else None
+        limits = (recipe.nodes.min, recipe.nodes.max) if recipe else None
         current = self.snapshot.target if self.snapshot else None
         self.push_screen(ScaleScreen(current, limits), self._scale_to)
 

@@ -12,8 +12,9 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from spotrun.errors import ControlPlaneError
 from spotrun.state.ledger import CostSummary, summarize
 from spotrun.state.records import (
     CheckpointRecord,
@@ -25,7 +26,11 @@ from spotrun.state.records import (
     decode,
     from_dict,
 )
+from spotrun.state.spec import decode_spec
 from spotrun.state.store import WatchEvent, cluster_prefix
+
+if TYPE_CHECKING:
+    from spotrun.recipe.schema import Recipe
 
 GONE = frozenset({"preempted", "terminated", "failed"})
 STATE_ORDER = {
@@ -189,9 +194,9 @@ def _progress(raw: bytes) -> Progress:
 _STEPS = re.compile(r"--(?:max[-_])?steps[= ](\d+)")
 
 
-def total_steps(spec: dict[str, Any] | None) -> int | None:
+def total_steps(run: str | None) -> int | None:
     """The run's step goal: a `--steps N` / `--max-steps N` in the recipe's run command, else None."""
-    found = _STEPS.search(str((spec or {}).get("run", "")))
+    found = _STEPS.search(run or "")
     return int(found.group(1)) if found else None
 
 
@@ -211,7 +216,7 @@ class ClusterState:
     def _clear(self) -> None:
         self.revision = 0
         self._revs: dict[str, int] = {}
-        self.spec: dict[str, Any] | None = None
+        self.recipe: Recipe | None = None  # the spec's
         self.target: int | None = None
         self.nodes: dict[str, NodeRecord] = {}
         self.alive: set[str] = set()
@@ -253,7 +258,7 @@ class ClusterState:
         self._revs[k] = rev
         try:
             if kind == "spec":
-                self.spec = json.loads(value)
+                self.recipe = decode_spec(self.cluster, value)
             elif kind == "target":
                 self.target = int(value)
             elif kind == "nodes" and item:
@@ -279,14 +284,14 @@ class ClusterState:
                 self.events[ev.seq] = ev
                 if len(self.events) > MAX_EVENTS:
                     del self.events[min(self.events)]
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, ControlPlaneError):
             pass  # a malformed record is skipped; `spotrun status` reports it
 
     def _delete(self, k: str, rev: int) -> None:
         kind, item = self._split(k)
         self._revs[k] = rev
         if kind == "spec":
-            self.spec = None
+            self.recipe = None
         elif kind == "target":
             self.target = None
         elif kind == "nodes":
@@ -313,8 +318,10 @@ class ClusterState:
             rows = tuple(self._row(n, now) for n in self.nodes.values())
             training = self._training(now)
             segments = [s for segs in self.ledger.values() for s in segs]
-            budget = (self.spec or {}).get("budget") or {}
-            costs = Costs(summarize(segments, now), budget.get("max_per_hour"), budget.get("max_total"))
+            budget = self.recipe.budget if self.recipe else None
+            costs = Costs(
+                summarize(segments, now), budget.max_per_hour if budget else None, budget.max_total if budget else None
+            )
             checkpoints = self._checkpoints(now, training.step)
             events = tuple(self.events[s] for s in sorted(self.events))
             return Snapshot(
@@ -355,11 +362,11 @@ class ClusterState:
     def _training(self, now: float) -> Training:
         fresh = [p for p in self.progress.values() if now - p.heartbeat_at <= FRESH_S]
         if not self.progress:
-            return Training(None, None, 0.0, None, None, total_steps(self.spec), None)
+            return Training(None, None, 0.0, None, None, self._total_steps(), None)
         newest = max(self.progress.values(), key=lambda p: (p.step, p.heartbeat_at))
         rates = [self.rates[p.node] for p in fresh if p.node in self.rates]
         rate = max(rates) if rates else None
-        goal = total_steps(self.spec)
+        goal = self._total_steps()
         eta = (
             (goal - newest.step) / rate
             if goal is not None and rate and goal > newest.step
@@ -369,15 +376,21 @@ class ClusterState:
             newest.step, newest.world_size, sum(p.samples_per_s for p in fresh), rate, newest.loss, goal, eta
         )
 
+    def _total_steps(self) -> int | None:
+        return total_steps(self.recipe.run if self.recipe else None)
+
     def _checkpoints(self, now: float, step: int | None) -> Checkpoints:
         if not self.checkpoints:
             return Checkpoints(None, None, 0, False, False)
         latest = self.checkpoints[max(self.checkpoints)]
         age = max(0.0, now - latest.written_at)
-        every = (self.spec or {}).get("checkpoint") or {}
+        every = self.recipe.checkpoint if self.recipe else None
         stale = bool(
-            (every.get("every_seconds") and age > every["every_seconds"])
-            or (every.get("every_steps") and step is not None and step - latest.step > every["every_steps"])
+            every
+            and (
+                (every.every_seconds and age > every.every_seconds)
+                or (every.every_steps and step is not None and step - latest.step > every.every_steps)
+            )
         )
         verified = bool(re.fullmatch(r"[0-9a-f]{64}", latest.sha256 or ""))
         return Checkpoints(latest, age, len(self.checkpoints), stale, verified)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from spotrun.state.control_plane import connect_default, connect_recipe
+from spotrun.state.control_plane import connect_default, connect_endpoints
 
 if TYPE_CHECKING:
     from spotrun.state.clusterfile import ClusterFile
@@ -29,4 +29,4 @@ def connect_record(record: ClusterFile) -> Store:
         from spotrun.client.head import connect_head
 
         return connect_head(record)
-    return connect_recipe(record.recipe(), record.endpoints)
+    return connect_endpoints(record.endpoints, record.tls)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from spotrun import log
-from spotrun.controller.placement import providers_of
+from spotrun.controller.placement import provider_named, providers_of
 from spotrun.errors import ControlPlaneError
 from spotrun.paths import spotrun_home
 from spotrun.providers import supports
@@ -45,10 +45,10 @@ def down(cluster: str, *, purge: bool = False) -> DownResult:
     record = clusterfile.load(cluster)
     result = DownResult(cluster)
     stop_daemon(cluster)  # first, or it would replace the VMs we terminate
-    recipe = record.recipe()
+    candidates = record.candidates()  # from the local file: etcd may be gone
     if record.head:
-        _stop_head(record, recipe, result)  # first too: its controller would replace them
-    for provider in providers_of(recipe):
+        _stop_head(record, candidates, result)  # first too: its controller would replace them
+    for provider in providers_of(candidates):
         ids = [inst.id for inst in provider.instances(cluster) if not inst.state.is_gone]
         provider.terminate(ids)
         result.terminated += ids
@@ -57,7 +57,7 @@ def down(cluster: str, *, purge: bool = False) -> DownResult:
         if purge and supports(provider, "purge"):
             provider.purge(cluster)
     if not record.head:  # a head's etcd went with the head VM
-        _clean_etcd(record, recipe, purge, result)
+        _clean_etcd(record, purge, result)
     clusterfile.remove(cluster)
     if record.embedded and not clusterfile.names():
         from spotrun.state import etcd_server
@@ -66,11 +66,11 @@ def down(cluster: str, *, purge: bool = False) -> DownResult:
     return result
 
 
-def _stop_head(record, recipe, result: DownResult) -> None:
+def _stop_head(record, candidates, result: DownResult) -> None:
     """Keep the head's history (events, closed ledger, cost) in a local file, then terminate the
     head VM and wait until it is gone: with it go its etcd and its controller."""
     from spotrun.client.connect import connect_record
-    from spotrun.client.head import HeadRecord, head_provider
+    from spotrun.client.head import HeadRecord
 
     try:
         with connect_record(record) as store:
@@ -80,7 +80,7 @@ def _stop_head(record, recipe, result: DownResult) -> None:
     except ControlPlaneError as exc:
         result.notes.append(f"head VM unreachable, its events and ledger are lost: {exc}")
     head = HeadRecord(**record.head)
-    head_provider(recipe).terminate([head.id])
+    provider_named(head.provider, candidates).terminate([head.id])
     result.terminated.append(head.id)
 
 
@@ -101,11 +101,11 @@ def _archive(store, cluster: str) -> Path:
     return path
 
 
-def _clean_etcd(record, recipe, purge: bool, result: DownResult) -> None:
-    from spotrun.state.control_plane import connect_recipe
+def _clean_etcd(record, purge: bool, result: DownResult) -> None:
+    from spotrun.state.control_plane import connect_endpoints
 
     try:
-        store = connect_recipe(recipe, record.endpoints)
+        store = connect_endpoints(record.endpoints, record.tls)
     except ControlPlaneError as exc:
         result.notes.append(f"etcd unreachable, its keys stay as they are: {exc}")
         return

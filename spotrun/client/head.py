@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from spotrun import log
 from spotrun.controller.bootstrap import BootstrapPlan, bootstrap_all
-from spotrun.controller.placement import provider_for
+from spotrun.controller.placement import provider_named
 from spotrun.controller.provisioning import HEAD_ROLE, is_head
 from spotrun.controller.ssh import SshTarget, SshTimeouts
 from spotrun.controller.ssh_keys import ensure_keypair
@@ -98,13 +98,7 @@ class HeadRecord:
 def head_provider(recipe: Recipe) -> Provider:
     head = recipe.control_plane.head
     assert head is not None, "mode 'head' only"
-    name = head.provider or recipe.resources[0].provider
-    candidate = next((c for c in recipe.resources if c.provider == name), None)
-    if candidate is not None:
-        return provider_for(candidate)
-    from spotrun.providers import get_provider
-
-    return get_provider(name)
+    return provider_named(head.provider or recipe.resources[0].provider, recipe.resources)
 
 
 def head_offer(recipe: Recipe, provider: Provider) -> Offer:
@@ -187,9 +181,8 @@ def start_head(
     """Bootstrap the head and start `spotrun-head` on it (idempotent). Raises BootstrapError."""
     from spotrun.client.bootstrap_bars import BootstrapProgress
 
-    on_head = ClusterFile(
-        recipe.name,
-        recipe.to_json(),
+    on_head = ClusterFile.for_recipe(
+        recipe,
         [f"http://127.0.0.1:{head.etcd_port}"],
         embedded=False,
         train=record.train,
@@ -198,7 +191,7 @@ def start_head(
     env, files = credential_env(recipe)
     secrets = {
         **files,
-        "cluster.json": json.dumps(asdict(on_head)).encode(),
+        "cluster.json": on_head.to_json().encode(),
         "provider-env.json": json.dumps(env).encode(),
         "id_ed25519": record.key_path.read_bytes(),
         "id_ed25519.pub": record.key_path.with_name(record.key_path.name + ".pub").read_bytes(),
@@ -269,6 +262,7 @@ def up_head(
     those of them the head's controller brought up during this call.
     Raises ProviderError, BootstrapError, ControlPlaneError."""
     from spotrun.state.records import LedgerSegment
+    from spotrun.state.spec import put_recipe
 
     inst = ensure_head(recipe, record)
     head = HeadRecord.of(inst)
@@ -277,7 +271,7 @@ def up_head(
     _log.info("head VM running", extra=log.kv(id=head.id, host=head.host))
     start_head(recipe, record, head, ssh_timeouts=ssh_timeouts, reporter_factory=reporter_factory)
     with connect_head(record) as store:
-        store.put_spec(recipe.name, json.loads(recipe.to_json()))
+        put_recipe(store, recipe)
         store.set_target(recipe.name, recipe.nodes.target)
         if not store.get_ledger(recipe.name, head.id):  # the head is part of the true cost
             store.put_ledger(

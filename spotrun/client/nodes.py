@@ -20,7 +20,7 @@ def _find(cluster: str, node: str | None):
     record = clusterfile.load(cluster)
     found = [
         (p, i)
-        for p in providers_of(record.recipe())
+        for p in providers_of(record.candidates())
         for i in p.instances(cluster)
         if not i.state.is_gone and (node is None or i.id == node)
     ]

@@ -8,9 +8,8 @@ torn down completely.
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from spotrun import log
@@ -21,6 +20,7 @@ from spotrun.recipe.schema import Recipe, load_recipe
 from spotrun.state import clusterfile
 from spotrun.state.clusterfile import ClusterFile
 from spotrun.state.control_plane import connect_recipe, endpoints_for
+from spotrun.state.spec import put_recipe
 from spotrun.state.store import Store
 
 _log = log.get("up")
@@ -50,7 +50,7 @@ def up(
     endpoints, embedded = endpoints_for(recipe)
     store = connect_recipe(recipe, endpoints)
     new_cluster = recipe.name not in clusterfile.names()
-    record = ClusterFile(recipe.name, recipe.to_json(), endpoints, embedded, train)
+    record = ClusterFile.for_recipe(recipe, endpoints, embedded, train)
     record.save()
     try:
         result = _reconcile(recipe, record, store, ssh_timeouts, reporter_factory)
@@ -81,9 +81,9 @@ def _up_head(recipe: Recipe, train: bool, ssh_timeouts: SshTimeouts, reporter_fa
 
     new_cluster = recipe.name not in clusterfile.names()
     record = (
-        ClusterFile(recipe.name, recipe.to_json(), [], False, train)
+        ClusterFile.for_recipe(recipe, [], False, train)
         if new_cluster
-        else replace(clusterfile.load(recipe.name), recipe_json=recipe.to_json(), train=train)
+        else clusterfile.load(recipe.name).with_recipe(recipe, train=train)
     )
     record.save()
     try:
@@ -99,7 +99,7 @@ def _reconcile(
     recipe: Recipe, record: ClusterFile, store: Store, ssh_timeouts: SshTimeouts, reporter_factory
 ) -> UpResult:
     cluster = recipe.name
-    store.put_spec(cluster, json.loads(recipe.to_json()))
+    put_recipe(store, recipe)  # what the running controller reconciles to from its next pass on
     store.set_target(cluster, recipe.nodes.target)
     provisioner = Provisioner(recipe, record, store, ssh_timeouts=ssh_timeouts, reporter_factory=reporter_factory)
     started = time.monotonic()

@@ -76,7 +76,7 @@ def stop_daemon(cluster: str, timeout: float = 10.0) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m spotrun.controller CLUSTER`: the daemon `spotrun up` starts."""
-    from spotrun.state.control_plane import connect_recipe
+    from spotrun.state.control_plane import connect_endpoints
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         record = clusterfile.load(args[0])
-        with connect_recipe(record.recipe(), record.endpoints) as store:
+        with connect_endpoints(record.endpoints, record.tls) as store:
             Controller(args[0], store).run(stop)
     except SpotrunError as exc:
         sys.stderr.write(f"spotrun-controller: error: {exc}\n")

@@ -3,7 +3,7 @@
 Started over SSH by `spotrun up` (spotrun.client.head) after it shipped the cluster record, the
 cluster's SSH key and the provider credentials into the head's secrets dir. Idempotent, so a
 re-run of `up` is safe:
-1. installs the record (its workdir pointed at the copy uploaded to this VM) and the key under
+1. installs the record (with the workdir at the copy uploaded to this VM) and the key under
    this VM's $SPOTRUN_HOME, so the controller finds them as on any machine;
 2. starts etcd on 0.0.0.0:PORT, advertised at the private IP the workers dial, unless it runs;
 3. starts the controller daemon with the provider credentials in its environment, unless it runs.
@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from spotrun import log
@@ -30,10 +31,8 @@ _log = log.get("head_node")
 
 def install_record(cluster: str, secrets: Path) -> ClusterFile:
     """The shipped cluster record and key, installed for this VM's controller."""
-    data = json.loads((secrets / "cluster.json").read_text())
-    recipe = json.loads(data["recipe_json"])
-    recipe["workdir"] = str(Path(REMOTE_WORKDIR).expanduser())
-    record = ClusterFile(**{**data, "recipe_json": json.dumps(recipe)})
+    shipped = ClusterFile.from_json((secrets / "cluster.json").read_text())
+    record = replace(shipped, workdir=str(Path(REMOTE_WORKDIR).expanduser()))
     if record.name != cluster:
         raise SpotrunError(f"the shipped record is for cluster {record.name!r}, not {cluster!r}")
     record.save()

@@ -1,7 +1,9 @@
 """The controller: a level-triggered reconcile loop per cluster (run as a daemon by spotrun.controller.daemon).
 
 Each pass observes (the providers' instances, etcd's nodes, leases, notices, ledger, launch
-intents), asks the pure `plan()` what to do, and applies it. Passes run on every etcd change of
+intents), asks the pure `plan()` what to do, and applies it. The desired state is the cluster's
+spec in etcd, read at the start of every pass: a re-run of `up` with a changed recipe (resources,
+setup, env, nodes, budget, chaos, checkpoint) reaches the next pass. Passes run on every etcd change of
 the cluster's plan inputs, when a rendezvous lease ends (a node that died without notice), and
 at least every RESYNC_S (preemptions show up at the provider, not in etcd).
 All state lives in etcd and at the provider, so the process can be killed at any moment:
@@ -16,9 +18,10 @@ import json
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from spotrun import log
-from spotrun.controller.bootstrap import LogReporter
+from spotrun.controller.bootstrap import LogReporter, QuietReporter
 from spotrun.controller.placement import placements, providers_of
 from spotrun.controller.plan import (
     Activate,
@@ -34,12 +37,16 @@ from spotrun.controller.plan import (
     plan,
 )
 from spotrun.controller.provisioning import Provisioner, cluster_lock
-from spotrun.errors import CapacityError, SpotrunError
+from spotrun.errors import CapacityError, NotFoundError, SpotrunError
 from spotrun.node.agent import FINISHED_REASON, LEFT_REASON
 from spotrun.state import clusterfile
 from spotrun.state.ledger import close_open, summarize
 from spotrun.state.records import NodeState
+from spotrun.state.spec import read_spec
 from spotrun.state.store import Store, key, rdzv_key
+
+if TYPE_CHECKING:
+    from spotrun.recipe.schema import Recipe
 
 _log = log.get("controller")
 
@@ -55,12 +62,15 @@ JOIN_WAIT_S = 5.0  # how long a gone node's rendezvous key waits for an activate
 class Controller:
     """Reconciles one cluster; `reconcile_once()` is one pass, `run(stop)` loops."""
 
-    def __init__(self, cluster: str, store: Store, *, provisioner: Provisioner | None = None) -> None:
+    recipe: Recipe  # the spec's, as of the last pass
+    provisioner: Provisioner  # built from `recipe`
+
+    def __init__(self, cluster: str, store: Store, *, reporter_factory: type[QuietReporter] = LogReporter) -> None:
         self.cluster = cluster
         self.store = store
-        self.record = clusterfile.load(cluster)
-        self.recipe = self.record.recipe()
-        self.provisioner = provisioner or Provisioner(self.recipe, self.record, store, reporter_factory=LogReporter)
+        self.record = clusterfile.load(cluster)  # how to reach the VMs; the recipe comes from etcd
+        self._reporter_factory = reporter_factory
+        self._spec_version: int | None = None
         self._wake = threading.Event()
         self._prices_at = 0.0
         self._replay: list | None = None
@@ -112,8 +122,11 @@ class Controller:
             watch.cancel()
 
     def reconcile_once(self) -> list:
-        """Observe, plan, act; returns the actions taken."""
+        """Observe, plan, act; returns the actions taken. Raises NotFoundError while the cluster has
+        no spec in etcd (a head VM's controller starts before `up` writes it), ControlPlaneError
+        or ProviderError when a read fails: the pass then acts on nothing."""
         with cluster_lock(self.cluster):
+            self._follow_spec()
             desired, observed, instances = self._observe()
             actions = plan(desired, observed)
             self._expect_spares([a.node for a in actions if isinstance(a, Activate)])
@@ -127,8 +140,21 @@ class Controller:
         return actions
 
     # -- observe --------------------------------------------------------------------------------
+    def _follow_spec(self) -> None:
+        """Take the spec in etcd as the recipe; when its version changed, rebuild what derives from
+        it (the provisioner, the chaos trace's replay events)."""
+        spec = read_spec(self.store, self.cluster)
+        if spec is None:
+            raise NotFoundError(f"cluster {self.cluster!r} has no recipe in etcd yet", hint="`spotrun up` writes it")
+        if spec.version == self._spec_version:
+            return
+        if self._spec_version is not None:
+            _log.info("spec changed; reconciling to the new recipe", extra=log.kv(version=spec.version))
+        self.recipe, self._spec_version = spec.recipe, spec.version
+        self.provisioner = Provisioner(self.recipe, self.record, self.store, reporter_factory=self._reporter_factory)
+        self._replay = None
+
     def _observe(self):
-        spec = self.store.get_spec(self.cluster)
         target = self.store.get_target(self.cluster)
         instances = {i.id: i for i in self.provisioner.instances()}
         records = {n.id: n for n in self.store.list_nodes(self.cluster)}
@@ -137,16 +163,15 @@ class Controller:
         ledger = self.store.list_ledger(self.cluster)
         intents = self.provisioner.pending_intents()
         standby = self.store.list_standby(self.cluster)
-        recipe = self.recipe if spec is None else type(self.recipe).model_validate(spec[0])
-        budget = recipe.budget
+        nodes, budget = self.recipe.nodes, self.recipe.budget
         desired = Desired(
-            target=recipe.nodes.target if target is None else target,
-            min=recipe.nodes.min,
-            max=recipe.nodes.max,
+            target=nodes.target if target is None else target,
+            min=nodes.min,
+            max=nodes.max,
             max_per_hour=budget.max_per_hour if budget else None,
             max_total=budget.max_total if budget else None,
             launch_price=self._launch_price(),
-            spares=recipe.nodes.spares,
+            spares=nodes.spares,
         )
         ready = self._ready(alive)
         views = [
@@ -258,7 +283,9 @@ class Controller:
             return
         self._prices_at = time.time()
         offers = {
-            (o.provider, o.zone, o.instance_type, o.spot): o for p in providers_of(self.recipe) for o in p.offers()
+            (o.provider, o.zone, o.instance_type, o.spot): o
+            for p in providers_of(self.recipe.resources)
+            for o in p.offers()
         }
         for inst in instances.values():
             spot = inst.price_per_hour != inst.on_demand_per_hour
@@ -276,7 +303,7 @@ class Controller:
         if self.recipe.chaos is None:
             return
         live = [i for i in instances.values() if not i.state.is_gone]
-        providers = {p.name: p for p in providers_of(self.recipe)}
+        providers = {p.name: p for p in providers_of(self.recipe.resources)}
         for index, entry in chaos.due(self.store, self.cluster, self.recipe.chaos.preempt):
             chaos.fire(self.store, self.cluster, index, entry, live, providers)
         for index, event, capacity in chaos.trace_due(
@@ -318,7 +345,7 @@ class Controller:
         )
 
     def _terminate(self, inst, reason: str) -> None:
-        provider = next(p for p in providers_of(self.recipe) if p.name == inst.provider)
+        provider = next(p for p in providers_of(self.recipe.resources) if p.name == inst.provider)
         provider.terminate([inst.id])
         self._end_billing(inst.id)
         self._forget_liveness(inst.id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +43,23 @@ def provider_for(candidate: ResourceCandidate) -> Provider:
     return get_provider(candidate.provider, **provider_config(candidate))
 
 
-def providers_of(recipe: Recipe) -> list[Provider]:
-    """One provider object per distinct provider configuration of the recipe, for finding its VMs."""
+def providers_of(candidates: Iterable[ResourceCandidate]) -> list[Provider]:
+    """One provider object per distinct provider of the candidates (configured by its first one),
+    for finding their VMs."""
     seen: dict[str, Provider] = {}
-    for candidate in recipe.resources:
+    for candidate in candidates:
         seen.setdefault(candidate.provider, provider_for(candidate))
     return list(seen.values())
+
+
+def provider_named(name: str, candidates: Iterable[ResourceCandidate]) -> Provider:
+    """The provider `name`, configured by the first of the candidates that uses it, if any."""
+    candidate = next((c for c in candidates if c.provider == name), None)
+    if candidate is not None:
+        return provider_for(candidate)
+    from spotrun.providers import get_provider
+
+    return get_provider(name)
 
 
 def placements(recipe: Recipe) -> list[Placement]:

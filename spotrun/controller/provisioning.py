@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from spotrun import log
 from spotrun.controller.bootstrap import BootstrapPlan, LogReporter, bootstrap_all, vm_tls
@@ -58,7 +59,8 @@ def cluster_lock(cluster: str) -> Iterator[None]:
 
 
 class Provisioner:
-    """Launch and bootstrap nodes of one cluster; see the module docstring."""
+    """Launch and bootstrap nodes of one cluster by `recipe` (`up`'s freshly loaded one, or the
+    controller's from etcd); see the module docstring."""
 
     def __init__(
         self,
@@ -81,7 +83,7 @@ class Provisioner:
         providers (a head VM holds the control plane, not a node)."""
         return [
             inst
-            for provider in providers_of(self.recipe)
+            for provider in providers_of(self.recipe.resources)
             for inst in provider.instances(self.cluster)
             if not is_head(inst)
         ]
@@ -224,7 +226,7 @@ class Provisioner:
         tls_files, tls_env = vm_tls(self.recipe)
         plan = BootstrapPlan(
             cluster=self.cluster,
-            workdir=self.recipe.workdir,
+            workdir=Path(self.record.workdir) if self.record.workdir else self.recipe.workdir,
             setup=self.recipe.setup,
             env={**self.recipe.env, **tls_env},
             agent_argv=lambda vm: self._agent_argv(by_id[vm]),
@@ -270,7 +272,7 @@ class Provisioner:
         return sorted(waiting)
 
     def _give_up(self, by_id: dict, failed: dict[str, str]) -> None:
-        for provider in providers_of(self.recipe):
+        for provider in providers_of(self.recipe.resources):
             provider.terminate([vm for vm in failed if by_id[vm].provider == provider.name])
         for vm, error in failed.items():
             self.record_node(by_id[vm], NodeState.FAILED, reason=error)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from spotrun.errors import MembershipError, NotFoundError, SpotrunError
 from spotrun.state.records import NodeRecord, NodeState, decode, encode
+from spotrun.state.spec import recipe_from_spec
 from spotrun.state.store import Store, key
 
 DRAIN_REASON = "drain requested"
@@ -26,13 +27,11 @@ class TargetChange:
 def node_limits(store: Store, cluster: str) -> tuple[int, int]:
     """(nodes.min, nodes.max) of the cluster's stored recipe.
 
-    Raises NotFoundError if the cluster has no spec, ControlPlaneError if etcd is unreachable.
+    Raises NotFoundError if the cluster has no spec, ControlPlaneError if etcd is unreachable or
+    the spec is not a valid recipe.
     """
-    found = store.get_spec(cluster)
-    if found is None:
-        raise NotFoundError(f"cluster {cluster!r} has no recipe in etcd", hint="start it with `spotrun up RECIPE`")
-    nodes = found[0].get("nodes") or {}
-    return int(nodes["min"]), int(nodes["max"])
+    nodes = recipe_from_spec(store, cluster).nodes
+    return nodes.min, nodes.max
 
 
 def set_target(store: Store, cluster: str, nodes: int) -> TargetChange:

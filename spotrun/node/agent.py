@@ -130,15 +130,10 @@ class Agent:
         _log.info("launcher started", extra=log.kv(run=spec.run, nnodes=spec.nnodes))
 
     def _train_spec(self):
-        import json
-
         from spotrun.node.supervisor import TrainSpec
-        from spotrun.recipe.schema import Recipe
+        from spotrun.state.spec import recipe_from_spec
 
-        found = self.store.get_spec(self.config.cluster)
-        if found is None:
-            raise SpotrunError(f"cluster {self.config.cluster!r} has no spec in etcd", hint="run `spotrun up` first")
-        recipe = Recipe.from_json(json.dumps(found[0]))
+        recipe = recipe_from_spec(self.store, self.config.cluster)
         ckpt = recipe.checkpoint
         root = self.config.checkpoint_root or Path.cwd()
         record = self.store.get_node(self.config.cluster, self.config.node)

@@ -11,37 +11,42 @@ missing field; 1:1 where the file has no position, e.g. when it cannot be read).
 
 Paths in a recipe (`workdir`, `control_plane.tls.*`) are relative to the recipe file's
 directory. They are resolved and checked only when validation gets a `base_dir` context, as
-`load_recipe` does; `Recipe.from_json` (the copy stored in etcd) trusts the absolute paths
-it holds and touches no file.
+`load_recipe` does; the copy stored in etcd (`to_json()`, read back by spotrun.state.spec or
+`Recipe.from_json`) is validated without one: it trusts the absolute paths it holds and touches
+no file.
+
+The models live here and in spotrun.recipe.job (nodes, checkpoint, budget, chaos); their value
+types in spotrun.recipe.fields; the translation of validation errors into those lines, with
+hints, in spotrun.recipe.diagnostics.
 
 Only pydantic, PyYAML and the standard library are imported: this module is on the CLI path.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 import typing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    Strict,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from spotrun.errors import RecipeError
-from spotrun.recipe.yaml_positions import Document, PathKey, Pos, Problem, format_path, read_document, read_text
+from spotrun.recipe import diagnostics
+from spotrun.recipe.diagnostics import RecipeCheck, choice, fail, show
+from spotrun.recipe.fields import (
+    Endpoint,
+    EnvName,
+    EnvValue,
+    FrozenModel,
+    NonEmptyStr,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    StrictBool,
+    resolve_path,
+)
+from spotrun.recipe.job import Budget, Chaos, Checkpoint, Nodes, Preemption
 
 __all__ = [
     "TLS",
@@ -68,114 +73,13 @@ NAME_MAX = 40
 Provider = Literal["local", "aws", "gcp", "azure"]
 
 _NAME = re.compile(r"[a-z][a-z0-9-]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ACCEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_ENDPOINT = re.compile(
-    r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]+)/?"
-)
-
-
-def _fail(message: str, hint: str | None = None, at: tuple[PathKey, ...] = ()) -> PydanticCustomError:
-    """A validation error whose message is used as is; `at` points below the validated value."""
-    return PydanticCustomError("recipe", "{message}", {"message": message, "hint": hint, "at": at})
-
-
-def _show(value: Any) -> str:
-    """A user-facing rendering of a YAML value, for "got ..." in messages."""
-    if value is None:
-        return "an empty value"
-    if isinstance(value, bool):
-        return f"{str(value).lower()} (a boolean)"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, str):
-        return repr(value)
-    return str(value)
-
-
-def _did_you_mean(word: str, options: typing.Iterable[str]) -> str | None:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else None
-
-
-def _choice(value: Any, options: tuple[str, ...], what: str) -> str:
-    if not isinstance(value, str):
-        raise _fail(f"expected a string, got {_show(value)}", f"one of: {', '.join(options)}")
-    if value not in options:
-        hint = _did_you_mean(value, options) or f"one of: {', '.join(options)}"
-        raise _fail(f"unknown {what} {value!r}", hint)
-    return value
-
-
-# --- small constrained types ---------------------------------------------------------------
-
-StrictInt = Annotated[int, Strict()]
-PositiveInt = Annotated[int, Strict(), Field(gt=0)]
-PositiveFloat = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
-StrictBool = Annotated[bool, Strict()]
-
-
-def _non_empty(value: str) -> str:
-    if not value.strip():
-        raise _fail("must not be empty")
-    return value
-
-
-NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
-
-
-def _env_name(value: str) -> str:
-    if not _ENV_NAME.fullmatch(value):
-        raise _fail(
-            f"{value!r} is not a valid environment variable name",
-            "use letters, digits and underscores, not starting with a digit",
-        )
-    return value
-
-
-def _env_value(value: Any) -> Any:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if value is None:
-        raise _fail("value is empty", "write '' for an empty string")
-    if not isinstance(value, str):
-        raise _fail(f"expected a string, number or boolean, got {_show(value)}")
-    return value
-
-
-EnvName = Annotated[str, AfterValidator(_env_name)]
-EnvValue = Annotated[str, BeforeValidator(_env_value)]
-
-
-def _resolve_path(value: Path, info: ValidationInfo, *, want_dir: bool, what: str) -> Path:
-    """Resolve `value` against the recipe's directory and check it, when validating a file."""
-    base = (info.context or {}).get("base_dir")
-    if base is None:
-        return value
-    resolved = (Path(base) / value.expanduser()).resolve()
-    hint = f"{what} is relative to the recipe's directory {str(base)!r}"
-    if not resolved.exists():
-        raise _fail(f"{str(value)!r} does not exist (resolved to {str(resolved)!r})", hint)
-    if want_dir and not resolved.is_dir():
-        raise _fail(f"{str(value)!r} is not a directory", hint)
-    if not want_dir and not resolved.is_file():
-        raise _fail(f"{str(value)!r} is not a file", hint)
-    return resolved
 
 
 # --- the models ----------------------------------------------------------------------------
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Accelerator(_Model):
+class Accelerator(FrozenModel):
     """GPUs per VM, e.g. `A100:8`. Written as "A100:8", "A100" (one) or `{A100: 8}`."""
 
     name: str
@@ -192,36 +96,36 @@ class Accelerator(_Model):
             try:
                 count = int(count_text.strip())
             except ValueError:
-                raise _fail(f"accelerator count in {value!r} is not an integer", hint) from None
+                raise fail(f"accelerator count in {value!r} is not an integer", hint) from None
             value = {"name": name.strip(), "count": count}
         elif isinstance(value, dict):
             if not (set(value) <= {"name", "count"} and isinstance(value.get("name"), str)):  # else {A100: 8}
                 if len(value) != 1:
-                    raise _fail(f"expected one accelerator type, got {len(value)}: {', '.join(map(str, value))}", hint)
+                    raise fail(f"expected one accelerator type, got {len(value)}: {', '.join(map(str, value))}", hint)
                 ((name, count),) = value.items()
                 if isinstance(count, bool) or not isinstance(count, int):
-                    raise _fail(f"accelerator count for {name!r} must be an integer, got {_show(count)}", hint)
+                    raise fail(f"accelerator count for {name!r} must be an integer, got {show(count)}", hint)
                 value = {"name": str(name), "count": count}
         else:
-            raise _fail(f"expected a string or a mapping, got {_show(value)}", hint)
+            raise fail(f"expected a string or a mapping, got {show(value)}", hint)
         if not _ACCEL_NAME.fullmatch(value["name"]):
-            raise _fail(f"accelerator name {value['name']!r} is not valid", hint)
+            raise fail(f"accelerator name {value['name']!r} is not valid", hint)
         if isinstance(value.get("count"), int) and value["count"] < 1:
-            raise _fail(f"accelerator count must be >= 1, got {value['count']}", hint)
+            raise fail(f"accelerator count must be >= 1, got {value['count']}", hint)
         return value
 
     def __str__(self) -> str:
         return f"{self.name}:{self.count}"
 
 
-class Prices(_Model):
+class Prices(FrozenModel):
     """$/h for one VM of this type; the local provider's price table reads them."""
 
     spot: PositiveFloat
     on_demand: PositiveFloat
 
 
-class ResourceCandidate(_Model):
+class ResourceCandidate(FrozenModel):
     """One kind of VM that may run the job; candidates are tried in the order written."""
 
     provider: Provider
@@ -237,12 +141,12 @@ class ResourceCandidate(_Model):
     @field_validator("provider", mode="before")
     @classmethod
     def _provider(cls, value: Any) -> Any:
-        return _choice(value, PROVIDERS, "provider")
+        return choice(value, PROVIDERS, "provider")
 
     @model_validator(mode="after")
     def _boot_s_local_only(self) -> ResourceCandidate:
         if self.boot_s is not None and self.provider != "local":
-            raise _fail(
+            raise fail(
                 "boot_s is only for provider 'local' (it emulates a cloud VM's boot time)",
                 "remove boot_s: real clouds take the time they take",
                 ("boot_s",),
@@ -253,7 +157,7 @@ class ResourceCandidate(_Model):
     def _zone_in_region(self) -> ResourceCandidate:
         if self.provider in ("aws", "gcp") and self.region and self.zone and not self.zone.startswith(self.region):
             example = f"{self.region}-a" if self.provider == "gcp" else f"{self.region}a"
-            raise _fail(
+            raise fail(
                 f"zone {self.zone!r} is not in region {self.region!r}",
                 f"{self.provider} zone names start with their region, e.g. {example}",
                 ("zone",),
@@ -261,62 +165,7 @@ class ResourceCandidate(_Model):
         return self
 
 
-class Nodes(_Model):
-    """How many VMs train: never fewer than `min`, never more than `max`, aiming at `target`; plus
-    `spares` warm standby VMs."""
-
-    min: Annotated[int, Strict(), Field(ge=1)]
-    max: PositiveInt
-    target: StrictInt = Field(default=None, validate_default=False)  # type: ignore[assignment]  # min when omitted
-    # Warm spares: booted, bootstrapped, launcher pre-warmed, parked outside the training job and
-    # billed like any VM. A preempted node's place goes to a spare in about a second instead of a
-    # VM boot; the controller then launches a new spare. Not counted in min/max/target.
-    spares: Annotated[int, Strict(), Field(ge=0)] = 0
-
-    @model_validator(mode="after")
-    def _order(self) -> Nodes:
-        if self.min > self.max:
-            raise _fail(f"nodes.min ({self.min}) must be <= nodes.max ({self.max})", None, ("min",))
-        if self.target is None:
-            object.__setattr__(self, "target", self.min)  # frozen; filled in once, at validation
-        elif not self.min <= self.target <= self.max:
-            raise _fail(
-                f"nodes.target ({self.target}) must be between nodes.min ({self.min}) and nodes.max ({self.max})",
-                "omit target to start with nodes.min",
-                ("target",),
-            )
-        return self
-
-
-class Checkpoint(_Model):
-    """How often the trainer checkpoints; `dir` is relative to the workdir on each VM."""
-
-    dir: NonEmptyStr = "checkpoints"
-    every_steps: PositiveInt | None = None
-    every_seconds: PositiveFloat | None = None
-    keep: Annotated[int, Strict(), Field(ge=1)] = 3
-
-    @model_validator(mode="after")
-    def _some_interval(self) -> Checkpoint:
-        if self.every_steps is None and self.every_seconds is None:
-            raise _fail("needs every_steps or every_seconds (or both)", "e.g. every_steps: 100")
-        return self
-
-
-class Budget(_Model):
-    """Spending caps in $ that the controller enforces: per hour for the cluster, and in total."""
-
-    max_per_hour: PositiveFloat | None = None
-    max_total: PositiveFloat | None = None
-
-    @model_validator(mode="after")
-    def _some_cap(self) -> Budget:
-        if self.max_per_hour is None and self.max_total is None:
-            raise _fail("needs max_per_hour or max_total (or both)", "remove budget for no cap")
-        return self
-
-
-class TLS(_Model):
+class TLS(FrozenModel):
     """Files for talking TLS to an external etcd; relative to the recipe's directory."""
 
     ca: Path | None = None
@@ -326,39 +175,21 @@ class TLS(_Model):
     @field_validator("ca", "cert", "key", mode="after")
     @classmethod
     def _exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return None if value is None else _resolve_path(value, info, want_dir=False, what=f"tls.{info.field_name}")
+        return None if value is None else resolve_path(value, info, want_dir=False, what=f"tls.{info.field_name}")
 
     @model_validator(mode="after")
     def _pairs(self) -> TLS:
         if (self.cert is None) != (self.key is None):
             missing = "key" if self.key is None else "cert"
-            raise _fail(
+            raise fail(
                 f"tls.cert and tls.key go together; tls.{missing} is missing", None, ("cert" if self.cert else "key",)
             )
         if self.ca is None and self.cert is None:
-            raise _fail("needs ca, or cert and key", "remove tls to use plain connections")
+            raise fail("needs ca, or cert and key", "remove tls to use plain connections")
         return self
 
 
-def _endpoint(value: Any) -> Any:
-    hint = "write host:port or https://host:port, e.g. 10.0.0.5:2379"
-    if not isinstance(value, str):
-        raise _fail(f"expected a string, got {_show(value)}", hint)
-    match = _ENDPOINT.fullmatch(value.strip())
-    if not match:
-        raise _fail(f"endpoint {value!r} is not host:port or https://host:port", hint)
-    scheme = match["scheme"]
-    if scheme is not None and scheme not in ("http", "https"):
-        raise _fail(f"endpoint {value!r} has scheme {scheme!r}", "use https:// or http://, or no scheme")
-    if not 1 <= int(match["port"]) <= 65535:
-        raise _fail(f"endpoint {value!r} has port {match['port']} outside 1-65535", hint)
-    return value.strip()
-
-
-Endpoint = Annotated[str, BeforeValidator(_endpoint)]
-
-
-class Head(_Model):
+class Head(FrozenModel):
     """The small on-demand VM that holds etcd and the controller in mode 'head'. `provider`
     defaults to the first resource candidate's; `zone` to that provider's cheapest offer."""
 
@@ -369,10 +200,10 @@ class Head(_Model):
     @field_validator("provider", mode="before")
     @classmethod
     def _provider(cls, value: Any) -> Any:
-        return None if value is None else _choice(value, PROVIDERS, "provider")
+        return None if value is None else choice(value, PROVIDERS, "provider")
 
 
-class ControlPlane(_Model):
+class ControlPlane(FrozenModel):
     """Where etcd and the controller live: embedded on this machine, an existing etcd
     (external), or a head VM that spotrun starts next to the workers (head)."""
 
@@ -384,78 +215,41 @@ class ControlPlane(_Model):
     @field_validator("mode", mode="before")
     @classmethod
     def _mode(cls, value: Any) -> Any:
-        return _choice(value, CONTROL_PLANE_MODES, "control plane mode")
+        return choice(value, CONTROL_PLANE_MODES, "control plane mode")
 
     @model_validator(mode="after")
     def _endpoints_iff_external(self) -> ControlPlane:
         if self.mode == "external" and not self.endpoints:
-            raise _fail("mode 'external' needs at least one endpoint", "add endpoints: [etcd-host:2379]", ("mode",))
+            raise fail("mode 'external' needs at least one endpoint", "add endpoints: [etcd-host:2379]", ("mode",))
         if self.mode == "embedded" and self.endpoints:
-            raise _fail(
+            raise fail(
                 "endpoints are only used with mode 'external'",
                 "set mode: external, or remove endpoints",
                 ("endpoints",),
             )
         if self.mode != "external" and self.tls is not None:
-            raise _fail("tls is only used with mode 'external'", "set mode: external, or remove tls", ("tls",))
+            raise fail("tls is only used with mode 'external'", "set mode: external, or remove tls", ("tls",))
         if self.mode == "head" and self.endpoints:
-            raise _fail(
+            raise fail(
                 "endpoints are only used with mode 'external'",
                 "mode 'head' starts its own etcd; remove endpoints",
                 ("endpoints",),
             )
         if self.mode == "head" and self.head is None:
-            raise _fail("mode 'head' needs a head VM", "add head: {instance_type: t3.small}", ("mode",))
+            raise fail("mode 'head' needs a head VM", "add head: {instance_type: t3.small}", ("mode",))
         if self.mode != "head" and self.head is not None:
-            raise _fail("head is only used with mode 'head'", "set mode: head, or remove head", ("head",))
+            raise fail("head is only used with mode 'head'", "set mode: head, or remove head", ("head",))
         return self
-
-
-class Preemption(_Model):
-    """One injected preemption: `at` seconds after start, on `node` (index or "random")."""
-
-    at: NonNegativeFloat
-    node: StrictInt | Literal["random"] = "random"
-    notice: NonNegativeFloat = 30.0
-
-    @field_validator("node", mode="before")
-    @classmethod
-    def _node(cls, value: Any) -> Any:
-        hint = "nodes are numbered from 0"
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise _fail(f"expected a node index or 'random', got {_show(value)}", hint)
-        if isinstance(value, str) and value != "random":
-            raise _fail(f"expected a node index or 'random', got {value!r}", hint)
-        if isinstance(value, int) and value < 0:
-            raise _fail(f"node index must be >= 0, got {value}", hint)
-        return value
-
-
-class Chaos(_Model):
-    """A preemption schedule for the local provider, to rehearse what spot VMs will do: explicit
-    `preempt` entries, and/or a spot `trace` (spot-traces JSON) replayed at `time_scale` (0.01
-    plays a 300 s tick in 3 s): capacity drops preempt the newest VMs with `trace_notice` seconds
-    of warning, and the local cloud refuses launches beyond the trace's capacity."""
-
-    preempt: tuple[Preemption, ...] = ()
-    trace: Path | None = None
-    time_scale: PositiveFloat = 1.0
-    trace_notice: NonNegativeFloat = 30.0
-
-    @field_validator("trace", mode="after")
-    @classmethod
-    def _trace_exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return None if value is None else _resolve_path(value, info, want_dir=False, what="chaos.trace")
 
 
 def _cluster_name(value: Any) -> Any:
     hint = "lowercase letters, digits and dashes, starting with a letter, at most 40 characters"
     if not isinstance(value, str):
-        raise _fail(f"expected a string, got {_show(value)}", hint)
+        raise fail(f"expected a string, got {show(value)}", hint)
     if not value:
-        raise _fail("must not be empty", hint)
+        raise fail("must not be empty", hint)
     if len(value) > NAME_MAX:
-        raise _fail(f"name {value!r} is {len(value)} characters long; at most {NAME_MAX} are allowed", hint)
+        raise fail(f"name {value!r} is {len(value)} characters long; at most {NAME_MAX} are allowed", hint)
     if not _NAME.fullmatch(value) or value.endswith("-"):
         suggestion = re.sub(r"[^a-z0-9]+", "-", value.lower()).strip("-")
         suggestion = re.sub(r"^[^a-z]+", "", suggestion)[:NAME_MAX].rstrip("-")
@@ -463,14 +257,14 @@ def _cluster_name(value: Any) -> Any:
             hint = f"try {suggestion!r}; {hint}, not ending with a dash"
         else:
             hint = f"{hint}, not ending with a dash"
-        raise _fail(f"name {value!r} is not a valid cluster name", hint)
+        raise fail(f"name {value!r} is not a valid cluster name", hint)
     return value
 
 
 ClusterName = Annotated[str, BeforeValidator(_cluster_name)]
 
 
-class Recipe(_Model):
+class Recipe(FrozenModel):
     """A validated recipe. Frozen; `to_json()`/`from_json()` round-trip (stored in etcd)."""
 
     name: ClusterName
@@ -490,7 +284,7 @@ class Recipe(_Model):
     def _some_resources(cls, value: Any) -> Any:
         # Checked here, not with min_length: pydantic reports a too_short tuple when only its items fail.
         if isinstance(value, (list, tuple)) and not value:
-            raise _fail(
+            raise fail(
                 "must list at least one resource candidate", "e.g. - {provider: local, instance_type: cpu-small}"
             )
         return value
@@ -498,7 +292,7 @@ class Recipe(_Model):
     @field_validator("workdir", mode="after")
     @classmethod
     def _workdir(cls, value: Path, info: ValidationInfo) -> Path:
-        return _resolve_path(value, info, want_dir=True, what="workdir")
+        return resolve_path(value, info, want_dir=True, what="workdir")
 
     @model_validator(mode="after")
     def _chaos_rules(self) -> Recipe:
@@ -506,14 +300,15 @@ class Recipe(_Model):
             return self
         for index, resource in enumerate(self.resources):
             if resource.provider != "local":
-                raise _fail(
-                    f"chaos is only allowed when every resource uses provider 'local'; resources[{index}].provider is {resource.provider!r}",
+                raise fail(
+                    "chaos is only allowed when every resource uses provider 'local'; "
+                    f"resources[{index}].provider is {resource.provider!r}",
                     "remove chaos, or inject preemptions on clouds with `spotrun preempt`",
                     ("chaos",),
                 )
         for index, event in enumerate(self.chaos.preempt):
             if isinstance(event.node, int) and event.node >= self.nodes.max:
-                raise _fail(
+                raise fail(
                     f"chaos.preempt[{index}].node ({event.node}) must be < nodes.max ({self.nodes.max})",
                     "nodes are numbered from 0",
                     ("chaos", "preempt", index, "node"),
@@ -524,14 +319,14 @@ class Recipe(_Model):
     def _control_plane_reachable(self) -> Recipe:
         head = self.control_plane.head
         if head is not None and (head.provider or self.resources[0].provider) == "local":
-            raise _fail(
+            raise fail(
                 "the head VM must be on a cloud provider",
                 "local clusters keep etcd on this machine: use mode embedded",
                 ("control_plane", "head"),
             )
         clouds = sorted(self.providers - {"local"})
         if self.control_plane.mode == "embedded" and clouds:
-            raise _fail(
+            raise fail(
                 f"{clouds[0]} VMs cannot reach the embedded etcd, which listens on this machine's loopback",
                 "add control_plane: {mode: head, head: {instance_type: t3.small}}, or mode external",
                 ("resources",),
@@ -557,170 +352,15 @@ class Recipe(_Model):
         return cls.model_validate_json(text)
 
 
-# --- files -> problems ---------------------------------------------------------------------
-
-_EXPECTED = {
-    "int_type": "an integer",
-    "int_parsing": "an integer",
-    "int_from_float": "an integer",
-    "float_type": "a number",
-    "float_parsing": "a number",
-    "bool_type": "true or false",
-    "bool_parsing": "true or false",
-    "string_type": "a string",
-    "list_type": "a list",
-    "tuple_type": "a list",
-    "dict_type": "a mapping",
-    "model_type": "a mapping",
-    "model_attributes_type": "a mapping",
-    "path_type": "a path",
-    "finite_number": "a finite number",
-}
-
-_LIMITS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+# --- files ---------------------------------------------------------------------------------
 
 
-def _model_at(path: tuple[PathKey, ...]) -> type[BaseModel] | None:
-    """The model class that validates the mapping at `path` (list indices are skipped)."""
-    model: type[BaseModel] | None = Recipe
-    for part in path:
-        if isinstance(part, int):
-            continue
-        if model is None or part not in model.model_fields:
-            return None
-        model = _find_model(model.model_fields[part].annotation)
-    return model
-
-
-def _find_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _find_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def _resolve(data: Any, loc: tuple[Any, ...]) -> tuple[tuple[PathKey, ...], list[Any]]:
-    """Split a pydantic loc into the part found in the data and the rest."""
-    path: list[PathKey] = []
-    rest: list[Any] = []
-    for part in loc:
-        if (isinstance(data, dict) and isinstance(part, str) and part in data and not rest) or (
-            isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data) and not rest
-        ):
-            data = data[part]
-            path.append(part)
-        else:
-            rest.append(part)
-    return tuple(path), rest
-
-
-def _problem(error: Any, doc: Document) -> Problem | None:
-    """The Problem for one pydantic error, or None when it only echoes an unreadable value."""
-    kind: str = error["type"]
-    ctx: dict[str, Any] = error.get("ctx") or {}
-    value = error.get("input")
-    loc = tuple(error["loc"])
-    key_error = "[key]" in loc
-    loc = tuple(part for part in loc if part != "[key]")
-    if kind == "recipe":
-        loc = loc + tuple(ctx.get("at") or ())
-    path, rest = _resolve(doc.data, loc)
-    if any(path[: len(bad)] == bad for bad in doc.unreadable):
-        return None
-    where = doc.where.get(path)
-
-    def at_value() -> Pos:
-        return where.best_for_value if where else Pos()
-
-    def at_key() -> Pos:
-        return (where.key or where.value) if where else Pos()
-
-    if kind == "missing" and rest:
-        field = rest[-1]
-        parent = format_path(path)
-        hint = f"add '{field}:' under {parent}" if parent else f"add '{field}:' at the top level"
-        return Problem(at_key(), format_path((*path, field)), "required field is missing", hint)
-    if kind == "extra_forbidden":
-        unknown = str(path[-1]) if path else str(rest[-1] if rest else "?")
-        model = _model_at(path[:-1])
-        allowed = list(model.model_fields) if model else []
-        hint = _did_you_mean(unknown, allowed) or (f"allowed keys: {', '.join(allowed)}" if allowed else None)
-        return Problem(at_key(), format_path(path), f"unknown key {unknown!r}", hint)
-    pos = at_key() if key_error else at_value()
-    field = format_path(path)
-    if kind == "recipe":
-        return Problem(pos, field, str(ctx.get("message") or error["msg"]), ctx.get("hint"))
-    if kind in _EXPECTED:
-        expected = _EXPECTED[kind]
-        hint = None
-        if expected == "a mapping":
-            model = _model_at(path)
-            if model is not None:
-                expected = f"a mapping with keys {', '.join(model.model_fields)}"
-        elif expected == "a list" and isinstance(value, dict):
-            hint = "start each list item with '- '"
-        elif isinstance(value, bool) and expected == "a string":
-            hint = "YAML reads yes/no/on/off/true/false as booleans; quote the value"
-        elif isinstance(value, str) and expected in ("an integer", "a number", "true or false"):
-            hint = "remove the quotes"
-        elif isinstance(value, float) and expected == "an integer":
-            hint = "use a whole number"
-        return Problem(pos, field, f"expected {expected}, got {_show(value)}", hint)
-    if kind in _LIMITS:
-        limit = next(iter(ctx.values()), "?")
-        if isinstance(limit, float) and limit.is_integer():
-            limit = int(limit)
-        return Problem(pos, field, f"must be {_LIMITS[kind]} {limit}, got {_show(value)}")
-    if kind in ("too_short", "string_too_short"):
-        return Problem(pos, field, "must not be empty" if ctx.get("min_length", 1) <= 1 else error["msg"])
-    message = str(error["msg"])
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    return Problem(pos, field, message)
-
-
-@dataclass(frozen=True)
-class RecipeCheck:
-    """The outcome of checking one file: the recipe when valid, else the problem lines."""
-
-    path: Path
-    recipe: Recipe | None
-    problems: list[str]
-
-    @property
-    def ok(self) -> bool:
-        """True when the file is a valid recipe."""
-        return not self.problems
-
-
-def check_file(path: Path) -> RecipeCheck:
+def check_file(path: Path) -> RecipeCheck[Recipe]:
     """Read and validate one recipe file; never raises for a bad or missing file."""
-    path = Path(path)
-    shown = str(path)
-    text, problem = read_text(path)
-    if problem is not None:
-        return RecipeCheck(path, None, [problem.render(shown)])
-    doc = read_document(text or "")
-    problems = list(doc.problems)
-    recipe = None
-    if doc.data is not None:
-        try:
-            recipe = Recipe.model_validate(doc.data, context={"base_dir": path.parent.resolve()})
-        except ValidationError as exc:
-            found = (_problem(error, doc) for error in exc.errors(include_url=False))
-            problems += [problem for problem in found if problem is not None]
-    lines: list[str] = []
-    for item in sorted(problems, key=lambda p: (p.pos.line, p.pos.col)):
-        line = item.render(shown)
-        if line not in lines:
-            lines.append(line)
-    return RecipeCheck(path, None if lines else recipe, lines)
+    return diagnostics.check_file(Path(path), Recipe)
 
 
-def check_files(paths: typing.Iterable[Path]) -> list[RecipeCheck]:
+def check_files(paths: typing.Iterable[Path]) -> list[RecipeCheck[Recipe]]:
     """`check_file` for each path, in order."""
     return [check_file(Path(p)) for p in paths]
 

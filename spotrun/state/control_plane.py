@@ -23,10 +23,15 @@ def endpoints_for(recipe: Recipe) -> tuple[list[str], bool]:
 
 def connect_recipe(recipe: Recipe, endpoints: list[str]) -> Store:
     """A store on `endpoints` with the recipe's TLS files. Raises ControlPlaneError."""
+    return connect_endpoints(endpoints, tls_files(recipe.control_plane.tls))
+
+
+def connect_endpoints(endpoints: list[str], tls: dict[str, str] | None = None) -> Store:
+    """A store on `endpoints` with the TLS files `tls` (by name: ca, cert, key), e.g. a cluster
+    file's. Raises ControlPlaneError."""
     from spotrun.state.store import connect
 
-    tls = recipe.control_plane.tls
-    return connect(endpoints, ca=tls_path(tls, "ca"), cert=tls_path(tls, "cert"), key=tls_path(tls, "key"))
+    return connect(endpoints, **(tls or {}))
 
 
 def connect_default() -> Store:
@@ -47,6 +52,11 @@ def tls_path(tls, name: str) -> str | None:
     """The recipe's control_plane.tls file `name` (ca, cert or key) as a string, or None."""
     value = getattr(tls, name, None) if tls else None
     return str(value) if value else None
+
+
+def tls_files(tls) -> dict[str, str]:
+    """The recipe's control_plane.tls files that are set, by name (ca, cert, key)."""
+    return {name: path for name in ("ca", "cert", "key") if (path := tls_path(tls, name))}
 
 
 def _as_url(endpoint: str) -> str:
