@@ -64,6 +64,13 @@ def test_records_roundtrip_json() -> None:
         decode(NodeRecord, encode(node).replace(b"notice", b"bogus"))
 
 
+def test_gone_node_states_are_the_gone_instance_states() -> None:
+    from spotrun.providers.base import InstanceState
+
+    gone = {s.value for s in NodeState if s.is_gone}
+    assert gone == {"preempted", "terminated", "failed"} == {s.value for s in InstanceState if s.is_gone}
+
+
 # --- key schema and typed records ---------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from spotrun.state.records import (
     Event,
     LedgerSegment,
     NodeRecord,
+    NodeState,
     Notice,
     Progress,
     decode,
@@ -27,7 +28,7 @@ from spotrun.state.records import (
 )
 from spotrun.state.store import WatchEvent, cluster_prefix
 
-GONE = frozenset({"preempted", "terminated", "failed"})
+GONE = frozenset(s.value for s in NodeState if s.is_gone)  # row states (text) of VMs that can never run again
 STATE_ORDER = {
     s: i
     for i, s in enumerate(

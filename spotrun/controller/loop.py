@@ -185,12 +185,7 @@ class Controller:
     def _finished(inst, record, segments) -> bool:
         """Gone, recorded as gone, and billed to the end: nothing left to do about it."""
         closed = not segments or all(s.end is not None for s in segments)
-        return (
-            inst.state.is_gone
-            and closed
-            and record is not None
-            and record.state in (NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED)
-        )
+        return inst.state.is_gone and closed and record is not None and record.state.is_gone
 
     def _ready(self, alive: set[str]) -> set[str]:
         """Nodes that can take over work now: without training, any live agent; with training,

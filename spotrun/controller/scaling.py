@@ -13,7 +13,6 @@ from spotrun.state.records import NodeRecord, NodeState, decode, encode
 from spotrun.state.store import Store, key
 
 DRAIN_REASON = "drain requested"
-_GONE = frozenset({NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED})
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def drain(store: Store, cluster: str, node: str, reason: str = DRAIN_REASON) -> 
         record = decode(NodeRecord, found[0])
         if record.state == NodeState.LEAVING:
             return record
-        if record.state in _GONE:
+        if record.state.is_gone:
             raise SpotrunError(
                 f"node {node!r} of cluster {cluster!r} is already {record.state.value}",
                 hint="only live nodes can be drained",

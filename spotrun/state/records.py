@@ -26,6 +26,11 @@ class NodeState(str, enum.Enum):
     TERMINATED = "terminated"
     FAILED = "failed"
 
+    @property
+    def is_gone(self) -> bool:
+        """True once the VM can never run again (preempted, terminated or failed)."""
+        return self in (NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED)
+
 
 @dataclass(frozen=True)
 class NodeRecord:
