@@ -94,10 +94,12 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from spotrun import log
 from spotrun.elastic import PEER_LOST_FILE_ENV
 from spotrun.errors import ControlPlaneError
-from spotrun.state import store as store_mod
+from spotrun.state import schema
+from spotrun.state.etcd import LeaseKeeper, connect
 
 if TYPE_CHECKING:
-    from spotrun.state.store import LeaseKeeper, Store, WatchEvent, WatchHandle
+    from spotrun.state.etcd import Etcd
+    from spotrun.state.watch import WatchEvent, WatchHandle
 
 BACKEND_NAME = "spotrun-etcd"
 _MAGIC = b"spotrun-rdzv/1\n"  # prefix of the stored state blob; anything else is corrupt
@@ -138,17 +140,17 @@ class EtcdRendezvousBackend(RendezvousBackend):
     of the state or of an alive key and wakes `wait_change` and `EtcdStore` waiters.
     """
 
-    def __init__(self, store: Store, cluster: str, run_id: str, *, watch: bool = True) -> None:
+    def __init__(self, store: Etcd, cluster: str, run_id: str, *, watch: bool = True) -> None:
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")
         self._store = store
         self.cluster, self.run_id = cluster, run_id
-        self.prefix = store_mod.key(cluster, "rdzv", run_id) + "/"
-        self.state_key = self.prefix + "state"
-        self.alive_prefix = store_mod.rdzv_key(cluster, run_id, "alive")
-        self.waiting_prefix = store_mod.rdzv_key(cluster, run_id, "waiting")
-        self.lost_prefix = store_mod.rdzv_key(cluster, run_id, "lost")
-        self.store_prefix = self.prefix + "store/"
+        self.prefix = schema.rdzv_prefix(cluster, run_id)
+        self.state_key = schema.rdzv_state_key(cluster, run_id)
+        self.alive_prefix = schema.rdzv_key(cluster, run_id, schema.RdzvPart.ALIVE)
+        self.waiting_prefix = schema.rdzv_key(cluster, run_id, schema.RdzvPart.WAITING)
+        self.lost_prefix = schema.rdzv_key(cluster, run_id, schema.RdzvPart.LOST)
+        self.store_prefix = schema.rdzv_key(cluster, run_id, schema.RdzvPart.STORE)
         self.alive: frozenset[str] = frozenset()
         self._cond = threading.Condition()
         self._generation = 0  # state or alive changes
@@ -166,7 +168,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         return BACKEND_NAME
 
     @property
-    def store(self) -> Store:
+    def store(self) -> Etcd:
         return self._store
 
     # watch ------------------------------------------------------------------------------------
@@ -570,9 +572,7 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         self._reported_broken = False
         value = json.dumps({"node": node_id, "desc": repr(node), "pid": os.getpid(), "since": time.time()})
         try:
-            self._alive: LeaseKeeper = store_mod.LeaseKeeper(
-                backend.store, backend.alive_prefix + node_id, value, lease_ttl
-            )
+            self._alive: LeaseKeeper = LeaseKeeper(backend.store, backend.alive_prefix + node_id, value, lease_ttl)
         except ControlPlaneError as exc:
             raise _connection_error("cannot publish the rendezvous alive key", exc) from exc
         state_holder.on_state = self._on_state
@@ -802,7 +802,7 @@ def create_handler(params: RendezvousParameters) -> SpotrunRendezvousHandler:
     # new nodes wait forever for its address. This backend's store is etcd: always opt out.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     try:
-        etcd = store_mod.connect(endpoints)
+        etcd = connect(endpoints)
     except ControlPlaneError as exc:
         raise _connection_error("cannot connect to etcd for the rendezvous", exc) from exc
     try:
