@@ -9,7 +9,7 @@ from spotrun.tui.model import ClusterState, Snapshot, arrange, fmt_duration, tot
 from spotrun.controller import scaling
 from spotrun.errors import NotFoundError, SpotrunError
 from spotrun.state.records import CheckpointRecord, NodeRecord, NodeState, Notice, Progress, encode
-from spotrun.state.schema import Kind, key
+from spotrun.state.schema import Kind, cluster_prefix, key
 from spotrun.state.watch import WatchEvent
 
 NOW = 1_700_000_000.0
@@ -86,7 +86,7 @@ def test_stale_events_never_move_a_key_backwards_and_deletes_remove_rows():
     assert {r.id: r.state for r in s.build(NOW).rows}["n0"] == "leaving"
     s.apply(WatchEvent("delete", key(C, Kind.NODES, "n1"), b"", 60))
     assert sorted(r.id for r in s.build(NOW).rows) == ["n0", "n2"]
-    s.apply(WatchEvent("resync", s.prefix, b"", 70))
+    s.apply(WatchEvent("resync", cluster_prefix(C), b"", 70))
     assert s.build(NOW).rows == ()
 
 

@@ -26,7 +26,7 @@ from spotrun.state.records import (
     decode,
     from_dict,
 )
-from spotrun.state.schema import Kind, cluster_prefix, parse_key
+from spotrun.state.schema import Kind, parse_key
 from spotrun.state.watch import WatchEvent
 
 GONE = frozenset(s.value for s in NodeState if s.is_gone)  # row states (text) of VMs that can never run again
@@ -206,7 +206,6 @@ class ClusterState:
 
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
-        self.prefix = cluster_prefix(cluster)
         self._lock = threading.Lock()
         self._clear()
 
