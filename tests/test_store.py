@@ -249,6 +249,22 @@ def test_watch_node_sees_only_its_own_record(store: Store, cluster: str) -> None
     assert [e.key for e in seen.events] == [schema.key(cluster, Kind.NODES, "n1")]
 
 
+def test_watch_standby_sees_the_activation(store: Store, cluster: str) -> None:
+    store.put_standby(cluster, "n1")
+    store.put_standby(cluster, "n11")
+    seen = _Collector()
+    handle = store.watch_standby(cluster, "n1", seen)
+    try:
+        assert handle.connected.wait(5) and store.is_standby(cluster, "n1")
+        assert store.activate_standby(cluster, "n11") and store.activate_standby(cluster, "n1")
+        assert _wait(lambda: len(seen.events) == 1)
+        time.sleep(0.2)
+    finally:
+        handle.cancel()
+    assert [(e.kind, e.key) for e in seen.events] == [("delete", schema.key(cluster, Kind.STANDBY, "n1"))]
+    assert not store.is_standby(cluster, "n1") and store.list_standby(cluster) == set()
+
+
 # --- events -------------------------------------------------------------------------------
 
 
