@@ -310,13 +310,12 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         stop_controller()
         store = connect([endpoint])
         known = set(store.list_alive(CLUSTER))
-        rdzv_waiting = f"/spotrun/{CLUSTER}/rdzv/{CLUSTER}/waiting/"
 
-        def on_waiting(event) -> None:
-            if event.kind == "put":
-                waiting.setdefault(event.key.rsplit("/", 1)[-1], time.time())
+        def on_waiting(kind: str, node: str) -> None:
+            if kind == "put":
+                waiting.setdefault(node, time.time())
 
-        watch = store.watch_prefix(rdzv_waiting, on_waiting)
+        watch = store.watch_rdzv_waiting(CLUSTER, on_waiting)
         if not timeline.wait_steps(3, args.warm_steps, 180):
             raise RuntimeError("spotrun: 3 nodes never trained together")
 

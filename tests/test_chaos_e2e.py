@@ -9,7 +9,7 @@ from test_training_e2e import Job, job_factory  # noqa: F401  (the fixture is re
 
 from spotrun.state import clusterfile
 from spotrun.state.control_plane import connect_endpoints
-from spotrun.state.store import rdzv_key
+from spotrun.state.schema import RdzvPart, rdzv_key
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +104,7 @@ def test_warm_spare_takes_a_killed_nodes_place_and_is_refilled(job_factory) -> N
         victim = next(p.node for p in store.list_progress(job.name) if p.node != spare)
         killed_at = time.time()
         preempt(job.name, victim, 0)
-        lost = rdzv_key(job.name, job.name, "lost")
+        lost = rdzv_key(job.name, job.name, RdzvPart.LOST)
         job.wait(lambda: store.get_prefix(lost), timeout=30, what="a survivor's peer-lost report")
         job.wait(
             lambda: any(e.kind == "activate" and e.node == spare for e in store.list_events(job.name)),

@@ -18,8 +18,9 @@ from spotrun.controller.scaling import set_target
 from spotrun.recipe.schema import Recipe
 from spotrun.state import clusterfile
 from spotrun.state.control_plane import connect_endpoints
+from spotrun.state.etcd import LeaseKeeper
+from spotrun.state.schema import RdzvPart, rdzv_key
 from spotrun.state.spec import put_recipe, recipe_from_spec
-from spotrun.state.store import LeaseKeeper, rdzv_key
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +128,7 @@ def test_hard_kill_is_replaced_and_ledger_closed(cluster_env) -> None:
 
 def _rendezvous_member(store, name: str, node: str) -> LeaseKeeper:
     """What a node's launcher holds in the rendezvous; 30 s, so only a release can end it in a test."""
-    return LeaseKeeper(store, rdzv_key(name, name, "alive", node), json.dumps({"node": node}), 30)
+    return LeaseKeeper(store, rdzv_key(name, name, RdzvPart.ALIVE, node), json.dumps({"node": node}), 30)
 
 
 def test_gone_node_leaves_the_rendezvous_at_once(cluster_env) -> None:
@@ -141,8 +142,8 @@ def test_gone_node_leaves_the_rendezvous_at_once(cluster_env) -> None:
         kept = _rendezvous_member(store, name, survivor)
         preempt(name, victim, 0)
         controller.reconcile_once()
-        assert store.get(rdzv_key(name, name, "alive", victim)) is None, "survivors need not wait for its lease"
-        assert store.get(rdzv_key(name, name, "alive", survivor)) is not None
+        assert store.get(rdzv_key(name, name, RdzvPart.ALIVE, victim)) is None, "survivors need not wait for its lease"
+        assert store.get(rdzv_key(name, name, RdzvPart.ALIVE, survivor)) is not None
         member.stop(revoke=True)
         kept.stop(revoke=True)
 
@@ -164,17 +165,17 @@ def test_gone_node_holds_the_rendezvous_until_the_activated_spare_is_in(cluster_
         assert any(type(a).__name__ == "Activate" and a.node == spare for a in actions)
         # Until the spare's launcher is in the rendezvous, the gone node's key keeps the
         # survivors' round open for it.
-        assert store.get(rdzv_key(name, name, "alive", victim)) is not None
+        assert store.get(rdzv_key(name, name, RdzvPart.ALIVE, victim)) is not None
         stop = threading.Event()
         loop = threading.Thread(target=controller.run, args=(stop,), daemon=True)
         loop.start()
         try:
             arrived = _rendezvous_member(store, name, spare)
-            _until(lambda: store.get(rdzv_key(name, name, "alive", victim)) is None, timeout=10)
+            _until(lambda: store.get(rdzv_key(name, name, RdzvPart.ALIVE, victim)) is None, timeout=10)
         finally:
             stop.set()
             loop.join(10)
-        assert store.get(rdzv_key(name, name, "alive", spare)) is not None
+        assert store.get(rdzv_key(name, name, RdzvPart.ALIVE, spare)) is not None
         arrived.stop(revoke=True)
         member.stop(revoke=True)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from spotrun.elastic import launcher as launch
+from spotrun.state import schema
 from spotrun.state import store as store_mod
 
 SCRIPT = Path(__file__).parent / "elastic_scripts" / "allreduce_steps.py"
@@ -121,7 +122,7 @@ class Job:
     def form(self, world: int, nodes: list[str], st: store_mod.Store, timeout: float = 90.0) -> None:
         """Wait for a step at `world` on `nodes`, admitting late starters the way spotrun's agent does:
         a waiting key makes the trainer restart at a step boundary."""
-        waiting = store_mod.rdzv_key(self.cluster, self.cluster, "waiting")
+        waiting = schema.rdzv_key(self.cluster, self.cluster, schema.RdzvPart.WAITING)
         deadline = time.time() + timeout
         while True:
             try:
@@ -248,7 +249,7 @@ def test_join_leave_kill_and_rank0_leave(job: Job, etcd_server) -> None:
         job.form(3, ["n1", "n2", "n3"], st)
 
         # Join: the newcomer waits (waiting key), the trainer restarts at a step boundary, world 4.
-        waiting = store_mod.rdzv_key(job.cluster, job.cluster, "waiting", "n4")
+        waiting = schema.rdzv_key(job.cluster, job.cluster, schema.RdzvPart.WAITING, "n4")
         job.start("n4")
         deadline = time.time() + 60
         while st.get(waiting) is None:
@@ -333,7 +334,7 @@ def test_leave_signal_during_torch_import_exits_0_without_joining(job: Job, etcd
     launcher.signal(signal.SIGUSR1)
     assert launcher.proc.wait(60) == 0, launcher.log.read_text()
     with store_mod.connect([etcd_server.endpoint]) as st:
-        assert st.get_prefix(store_mod.rdzv_key(job.cluster, job.cluster, "alive")) == [], "it never joined"
+        assert st.get_prefix(schema.rdzv_key(job.cluster, job.cluster, schema.RdzvPart.ALIVE)) == [], "it never joined"
     assert not launcher.steps()
 
 
@@ -347,7 +348,7 @@ def test_parked_spare_stays_out_until_activated_or_leaves_without_joining(job: J
         leaver.touch()
         job.start("n2", "--standby-file", str(parked))
         job.start("n3", "--standby-file", str(leaver))
-        alive = store_mod.rdzv_key(job.cluster, job.cluster, "alive")
+        alive = schema.rdzv_key(job.cluster, job.cluster, schema.RdzvPart.ALIVE)
         time.sleep(8)  # past torch's import: a launcher that did not park would be in the rendezvous
         assert {k.rsplit("/", 1)[-1] for k, _, _ in st.get_prefix(alive)} == {"n1"}, "spares stay out"
         assert job.launchers["n1"].steps()[-1][1] == 1

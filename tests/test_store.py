@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -10,10 +11,12 @@ import pytest
 
 from spotrun.errors import ControlPlaneError
 from spotrun.state import etcd_server as etcd_mod
+from spotrun.state import schema
 from spotrun.state import store as store_mod
 from spotrun.state.records import (
     CheckpointRecord,
     Event,
+    LaunchIntent,
     LedgerSegment,
     NodeRecord,
     NodeState,
@@ -22,7 +25,9 @@ from spotrun.state.records import (
     decode,
     encode,
 )
-from spotrun.state.store import Store, WatchEvent
+from spotrun.state.schema import ChaosMark, Kind, RdzvPart
+from spotrun.state.store import Store
+from spotrun.state.watch import WatchEvent
 
 
 def _wait(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -62,6 +67,13 @@ def test_records_roundtrip_json() -> None:
     assert decode(Notice, b'{"node":"n","source":"aws","deadline":2.0,"received_at":1.0,"new":1}').source == "aws"
     with pytest.raises(ValueError):
         decode(NodeRecord, encode(node).replace(b"notice", b"bogus"))
+
+
+def test_gone_node_states_are_the_gone_instance_states() -> None:
+    from spotrun.providers.base import InstanceState
+
+    gone = {s.value for s in NodeState if s.is_gone}
+    assert gone == {"preempted", "terminated", "failed"} == {s.value for s in InstanceState if s.is_gone}
 
 
 # --- key schema and typed records ---------------------------------------------------------
@@ -150,6 +162,109 @@ def test_clusters_list_and_delete(store: Store, cluster: str) -> None:
         store.delete_cluster(other)
 
 
+def test_node_compare_and_set(store: Store, cluster: str) -> None:
+    store.put_node(_node(cluster, "n1"))
+    record, revision = store.get_node_revision(cluster, "n1")
+    assert record == _node(cluster, "n1") and store.get_node_revision(cluster, "missing") is None
+    leaving = _node(cluster, "n1", NodeState.LEAVING)
+    assert store.cas_node(leaving, revision)
+    assert not store.cas_node(_node(cluster, "n1", NodeState.FAILED), revision)  # someone wrote first
+    assert store.get_node(cluster, "n1") == leaving
+
+
+def test_launch_intents(store: Store, cluster: str) -> None:
+    late = LaunchIntent("l-late", 2, ("n1",), at=20.0, standby=1)
+    store.put_launch(cluster, late)
+    store.put_launch(cluster, LaunchIntent("l-early", 1, at=10.0))
+    assert [i.key for i in store.list_launches(cluster)] == ["l-early", "l-late"]  # oldest first
+    found = store.get_launch(cluster, "l-late")
+    assert (found.count, tuple(found.replaces), found.standby) == (2, ("n1",), 1)
+    assert store.delete_launch(cluster, "l-late") and store.get_launch(cluster, "l-late") is None
+    assert not store.delete_launch(cluster, "l-late")
+
+
+def test_stopped_and_chaos_marks(store: Store, cluster: str) -> None:
+    assert not store.is_stopped(cluster)
+    store.mark_stopped(cluster, "budget max_total reached")
+    assert store.is_stopped(cluster)
+    assert json.loads(store.get(schema.key(cluster, Kind.STOPPED))[0])["reason"] == "budget max_total reached"
+
+    assert store.chaos_start(cluster, 100.0) == 100.0
+    assert store.chaos_start(cluster, 200.0) == 100.0  # a restarted controller keeps the clock
+    assert not store.chaos_fired(cluster, ChaosMark.SCHEDULE, 0)
+    store.mark_chaos_fired(cluster, ChaosMark.SCHEDULE, 0)
+    assert store.chaos_fired(cluster, ChaosMark.SCHEDULE, 0)
+    assert not store.chaos_fired(cluster, ChaosMark.TRACE, 0)  # the two lists count separately
+
+
+def test_rendezvous_membership(store: Store, cluster: str) -> None:
+    seen: list[tuple[str, str]] = []
+    handle = store.watch_rdzv_waiting(cluster, lambda kind, node: seen.append((kind, node)))
+    try:
+        assert handle.connected.wait(5)
+        store.put(schema.rdzv_key(cluster, cluster, RdzvPart.ALIVE, "n1"), b"{}")  # as the rendezvous writes it
+        store.put(schema.rdzv_key(cluster, cluster, RdzvPart.WAITING, "n2"), b"{}")
+        assert store.is_rdzv_member(cluster, "n1") and not store.is_rdzv_member(cluster, "n2")
+        assert store.rdzv_waiting(cluster) == {"n2"}
+        assert store.release_rdzv_member(cluster, "n1") and not store.release_rdzv_member(cluster, "n1")
+        assert not store.is_rdzv_member(cluster, "n1")
+        store.delete(schema.rdzv_key(cluster, cluster, RdzvPart.WAITING, "n2"))
+        assert _wait(lambda: len(seen) == 2)
+    finally:
+        handle.cancel()
+    assert seen == [("put", "n2"), ("delete", "n2")]
+
+
+def test_drop_live_state_keeps_the_history(store: Store, cluster: str) -> None:
+    store.put_spec(cluster, {"name": cluster})
+    store.set_target(cluster, 2)
+    store.put_node(_node(cluster, "n1"))
+    store.put_notice(cluster, Notice("n1", "aws", 2.0, 1.0))
+    store.put_standby(cluster, "n1")
+    store.put_progress(cluster, Progress("n1", 1, 1.0, 1, 1.0))
+    store.put_checkpoint(cluster, CheckpointRecord(5, "/c", 1, "", 1.0))
+    store.put_ledger(cluster, "n1", [LedgerSegment("n1", 0.1, 0.4, 0.0)])
+    store.add_event(cluster, "join", "n1 joined", "n1")
+    store.put_launch(cluster, LaunchIntent("l-1", 1))
+    store.mark_stopped(cluster, "budget")
+    store.mark_chaos_fired(cluster, ChaosMark.TRACE, 3)
+    store.put(schema.rdzv_state_key(cluster, cluster), b"x")
+    with store.alive(cluster, "n1", ttl=30):
+        assert store.drop_live_state(cluster) == 10  # one key of each kind that is not history
+    kinds = {schema.parse_key(cluster, k).kind for k, _, _ in store.cluster_keys(cluster)}
+    assert kinds == {Kind.SPEC, Kind.CHECKPOINTS, Kind.LEDGER, Kind.EVENTS} == {k for k in Kind if k.is_history}
+
+
+def test_watch_node_sees_only_its_own_record(store: Store, cluster: str) -> None:
+    seen = _Collector()
+    handle = store.watch_node(cluster, "n1", seen)
+    try:
+        assert handle.connected.wait(5)
+        store.put_node(_node(cluster, "n10"))  # shares the prefix nodes/n1
+        store.put_node(_node(cluster, "n1"))
+        assert _wait(lambda: len(seen.events) == 1)
+        time.sleep(0.2)
+    finally:
+        handle.cancel()
+    assert [e.key for e in seen.events] == [schema.key(cluster, Kind.NODES, "n1")]
+
+
+def test_watch_standby_sees_the_activation(store: Store, cluster: str) -> None:
+    store.put_standby(cluster, "n1")
+    store.put_standby(cluster, "n11")
+    seen = _Collector()
+    handle = store.watch_standby(cluster, "n1", seen)
+    try:
+        assert handle.connected.wait(5) and store.is_standby(cluster, "n1")
+        assert store.activate_standby(cluster, "n11") and store.activate_standby(cluster, "n1")
+        assert _wait(lambda: len(seen.events) == 1)
+        time.sleep(0.2)
+    finally:
+        handle.cancel()
+    assert [(e.kind, e.key) for e in seen.events] == [("delete", schema.key(cluster, Kind.STANDBY, "n1"))]
+    assert not store.is_standby(cluster, "n1") and store.list_standby(cluster) == set()
+
+
 # --- events -------------------------------------------------------------------------------
 
 
@@ -226,7 +341,7 @@ class _Collector:
 
 def test_watch_sees_put_and_delete_and_reports_latency(store: Store, cluster: str) -> None:
     seen = _Collector()
-    prefix = store_mod.cluster_prefix(cluster)
+    prefix = schema.cluster_prefix(cluster)
     handle = store.watch_cluster(cluster, seen)
     try:
         assert handle.connected.wait(5), "watch stream not established"
@@ -248,7 +363,7 @@ def test_watch_sees_put_and_delete_and_reports_latency(store: Store, cluster: st
 
 
 def test_watch_from_revision_replays_history(store: Store, cluster: str) -> None:
-    prefix = store_mod.cluster_prefix(cluster)
+    prefix = schema.cluster_prefix(cluster)
     first = store.put(prefix + "a", b"1")
     store.put(prefix + "b", b"2")
     seen = _Collector()
@@ -272,7 +387,7 @@ def test_watch_cancel_stops_callbacks(store: Store, cluster: str) -> None:
 
 
 def test_watch_resyncs_after_compaction(store: Store, cluster: str) -> None:
-    prefix = store_mod.cluster_prefix(cluster)
+    prefix = schema.cluster_prefix(cluster)
     start = store.put(prefix + "nodes/a", b"1")
     store.put(prefix + "nodes/a", b"2")
     last = store.put(prefix + "nodes/b", b"3")
@@ -292,7 +407,7 @@ def test_watch_resyncs_after_compaction(store: Store, cluster: str) -> None:
 
 def test_watch_resumes_after_etcd_restart(etcd_process: etcd_mod.EtcdProcess, cluster: str) -> None:
     st = store_mod.connect([etcd_process.endpoint])
-    prefix = store_mod.cluster_prefix(cluster)
+    prefix = schema.cluster_prefix(cluster)
     seen = _Collector()
     written: list[int] = []
     handle = st.watch_prefix(prefix, seen)
@@ -365,6 +480,7 @@ def test_importing_store_does_not_load_the_client() -> None:
     import subprocess
     import sys
 
-    code = "import spotrun.state.store, sys; print('pyetcd' in sys.modules, 'grpc' in sys.modules)"
+    modules = "spotrun.state.store, spotrun.state.etcd, spotrun.state.watch, spotrun.state.schema"
+    code = f"import {modules}, sys; print('pyetcd' in sys.modules, 'grpc' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"

@@ -29,7 +29,8 @@ from spotrun.state.records import (
     Progress,
     encode,
 )
-from spotrun.state.store import Store, connect, key
+from spotrun.state.schema import Kind, key
+from spotrun.state.store import Store, connect
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 SPEC = {
@@ -88,7 +89,7 @@ def populate(store: Store, cluster: str, now: float, count: int = 4) -> None:
         ],
         start=1,
     ):
-        store.put(key(cluster, "events", seq), encode(Event(seq, now - 300 + seq, kind, message)))
+        store.put(key(cluster, Kind.EVENTS, seq), encode(Event(seq, now - 300 + seq, kind, message)))
 
 
 async def wait_for(pilot, condition, timeout: float = 10.0, what: str = "condition") -> None:

@@ -9,7 +9,8 @@ from spotrun.tui.model import ClusterState, Snapshot, arrange, fmt_duration, tot
 from spotrun.controller import scaling
 from spotrun.errors import NotFoundError, SpotrunError
 from spotrun.state.records import CheckpointRecord, NodeRecord, NodeState, Notice, Progress, encode
-from spotrun.state.store import WatchEvent, key
+from spotrun.state.schema import Kind, cluster_prefix, key
+from spotrun.state.watch import WatchEvent
 
 NOW = 1_700_000_000.0
 C = "m"
@@ -23,7 +24,7 @@ def make_state() -> ClusterState:
     s = ClusterState(C)
     put(
         s,
-        key(C, "spec"),
+        key(C, Kind.SPEC),
         '{"name": "m", "resources": [{"provider": "local", "instance_type": "t"}],'
         ' "run": "python t.py --steps 1000", "checkpoint": {"every_seconds": 60},'
         ' "budget": {"max_per_hour": 2.0}, "nodes": {"min": 1, "max": 4}}',
@@ -32,7 +33,7 @@ def make_state() -> ClusterState:
     for i, zone in enumerate(["z-b", "z-a", "z-c"]):
         put(
             s,
-            key(C, "nodes", f"n{i}"),
+            key(C, Kind.NODES, f"n{i}"),
             encode(
                 NodeRecord(
                     f"n{i}",
@@ -48,7 +49,7 @@ def make_state() -> ClusterState:
             ),
             2 + i,
         )
-        put(s, key(C, "ledger", f"n{i}"), encode_segments(i), 10 + i)
+        put(s, key(C, Kind.LEDGER, f"n{i}"), encode_segments(i), 10 + i)
     return s
 
 
@@ -62,9 +63,9 @@ def encode_segments(i: int) -> str:
 
 def test_progress_gives_rates_eta_and_history_free_snapshot():
     s = make_state()
-    put(s, key(C, "progress", "n0"), encode(Progress("n0", 100, 50.0, 3, NOW - 10, 2.5)), 20)
-    put(s, key(C, "progress", "n0"), encode(Progress("n0", 120, 50.0, 3, NOW, 2.4)), 21)
-    put(s, key(C, "progress", "n1"), encode(Progress("n1", 119, 40.0, 3, NOW, 2.4)), 22)
+    put(s, key(C, Kind.PROGRESS, "n0"), encode(Progress("n0", 100, 50.0, 3, NOW - 10, 2.5)), 20)
+    put(s, key(C, Kind.PROGRESS, "n0"), encode(Progress("n0", 120, 50.0, 3, NOW, 2.4)), 21)
+    put(s, key(C, Kind.PROGRESS, "n1"), encode(Progress("n1", 119, 40.0, 3, NOW, 2.4)), 22)
     snap = s.build(NOW)
     t = snap.training
     assert (t.step, t.world_size, t.loss, t.total_steps) == (120, 3, 2.4, 1000)
@@ -80,25 +81,25 @@ def test_progress_gives_rates_eta_and_history_free_snapshot():
 def test_stale_events_never_move_a_key_backwards_and_deletes_remove_rows():
     s = make_state()
     newer = NodeRecord("n0", C, "local", "z-b", "t", 0.1, 1.0, state=NodeState.LEAVING)
-    put(s, key(C, "nodes", "n0"), encode(newer), 50)
+    put(s, key(C, Kind.NODES, "n0"), encode(newer), 50)
     older = NodeRecord("n0", C, "local", "z-b", "t", 0.1, 1.0, state=NodeState.BOOTING)
-    put(s, key(C, "nodes", "n0"), encode(older), 3)  # replayed from before the listing
+    put(s, key(C, Kind.NODES, "n0"), encode(older), 3)  # replayed from before the listing
     assert {r.id: r.state for r in s.build(NOW).rows}["n0"] == "leaving"
-    s.apply(WatchEvent("delete", key(C, "nodes", "n1"), b"", 60))
+    s.apply(WatchEvent("delete", key(C, Kind.NODES, "n1"), b"", 60))
     assert sorted(r.id for r in s.build(NOW).rows) == ["n0", "n2"]
-    s.apply(WatchEvent("resync", s.prefix, b"", 70))
+    s.apply(WatchEvent("resync", cluster_prefix(C), b"", 70))
     assert s.build(NOW).rows == ()
 
 
 def test_notice_countdown_and_tone():
     s = make_state()
-    put(s, key(C, "notices", "n2"), encode(Notice("n2", "gcp", NOW + 30.7, NOW)), 30)
-    put(s, key(C, "alive", "n2"), "{}", 31)
+    put(s, key(C, Kind.NOTICES, "n2"), encode(Notice("n2", "gcp", NOW + 30.7, NOW)), 30)
+    put(s, key(C, Kind.ALIVE, "n2"), "{}", 31)
     row = {r.id: r for r in s.build(NOW).rows}["n2"]
     assert row.cells()[3] == "notice 30s" and row.tone == "notice"
     put(
         s,
-        key(C, "nodes", "n2"),
+        key(C, Kind.NODES, "n2"),
         encode(NodeRecord("n2", C, "local", "z-c", "t", 0.3, 1.0, state=NodeState.PREEMPTED)),
         32,
     )
@@ -108,11 +109,11 @@ def test_notice_countdown_and_tone():
 
 def test_checkpoint_staleness_follows_the_recipe_interval():
     s = make_state()
-    put(s, key(C, "checkpoints", 100), encode(CheckpointRecord(100, "/c", 10, "0" * 64, NOW - 30)), 40)
+    put(s, key(C, Kind.CHECKPOINTS, 100), encode(CheckpointRecord(100, "/c", 10, "0" * 64, NOW - 30)), 40)
     assert not s.build(NOW).checkpoints.stale
     c = s.build(NOW + 61).checkpoints
     assert c.stale and c.verified and c.latest.step == 100
-    put(s, key(C, "checkpoints", 200), encode(CheckpointRecord(200, "/c", 10, "", NOW + 60)), 41)
+    put(s, key(C, Kind.CHECKPOINTS, 200), encode(CheckpointRecord(200, "/c", 10, "", NOW + 60)), 41)
     c = s.build(NOW + 61).checkpoints
     assert not c.stale and not c.verified and c.count == 2
 

@@ -17,7 +17,8 @@ from dataclasses import replace
 from spotrun.tui.model import ClusterState, Snapshot
 
 from spotrun.errors import ControlPlaneError
-from spotrun.state.store import Store, WatchHandle, cluster_prefix, connect
+from spotrun.state.store import Store, connect
+from spotrun.state.watch import WatchHandle
 
 HISTORY_POINTS = 120
 
@@ -79,7 +80,7 @@ class Feed:
         if self.store is None:
             self.store = self._connect(self.endpoints, timeout=3.0)
         revision = self.store.revision()
-        self.state.load(self.store.get_prefix(cluster_prefix(self.cluster)), revision)
+        self.state.load(self.store.cluster_keys(self.cluster), revision)
         self._watch = self.store.watch_cluster(self.cluster, self._on_event, start_revision=revision + 1)
 
     def connected(self) -> bool:

@@ -21,18 +21,20 @@ from spotrun.state.records import (
     Event,
     LedgerSegment,
     NodeRecord,
+    NodeState,
     Notice,
     Progress,
     decode,
     from_dict,
 )
+from spotrun.state.schema import Kind, parse_key
 from spotrun.state.spec import decode_spec
-from spotrun.state.store import WatchEvent, cluster_prefix
+from spotrun.state.watch import WatchEvent
 
 if TYPE_CHECKING:
     from spotrun.recipe.schema import Recipe
 
-GONE = frozenset({"preempted", "terminated", "failed"})
+GONE = frozenset(s.value for s in NodeState if s.is_gone)  # row states (text) of VMs that can never run again
 STATE_ORDER = {
     s: i
     for i, s in enumerate(
@@ -209,7 +211,6 @@ class ClusterState:
 
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
-        self.prefix = cluster_prefix(cluster)
         self._lock = threading.Lock()
         self._clear()
 
@@ -248,38 +249,37 @@ class ClusterState:
                     self._delete(event.key, event.revision)
             self.revision = max(self.revision, event.revision)
 
-    def _split(self, k: str) -> tuple[str, str]:
-        rest = k[len(self.prefix) :] if k.startswith(self.prefix) else ""
-        kind, _, item = rest.partition("/")
-        return kind, item
+    def _split(self, k: str) -> tuple[Kind | None, str]:
+        parsed = parse_key(self.cluster, k)
+        return (None, "") if parsed is None else (parsed.kind, parsed.item)
 
     def _put(self, k: str, value: bytes, rev: int) -> None:
         kind, item = self._split(k)
         self._revs[k] = rev
         try:
-            if kind == "spec":
+            if kind is Kind.SPEC:
                 self.recipe = decode_spec(self.cluster, value)
-            elif kind == "target":
+            elif kind is Kind.TARGET:
                 self.target = int(value)
-            elif kind == "nodes" and item:
+            elif kind is Kind.NODES and item:
                 self.nodes[item] = decode(NodeRecord, value)
-            elif kind == "alive" and item:
+            elif kind is Kind.ALIVE and item:
                 self.alive.add(item)
-            elif kind == "notices" and item:
+            elif kind is Kind.NOTICES and item:
                 self.notices[item] = decode(Notice, value)
-            elif kind == "standby" and item:
+            elif kind is Kind.STANDBY and item:
                 self.standby.add(item)
-            elif kind == "progress" and item:
+            elif kind is Kind.PROGRESS and item:
                 new = _progress(value)
                 old = self.progress.get(item)
                 if old is not None and new.heartbeat_at > old.heartbeat_at and new.step >= old.step:
                     self.rates[item] = (new.step - old.step) / (new.heartbeat_at - old.heartbeat_at)
                 self.progress[item] = new
-            elif kind == "checkpoints" and item:
+            elif kind is Kind.CHECKPOINTS and item:
                 self.checkpoints[int(item)] = decode(CheckpointRecord, value)
-            elif kind == "ledger" and item:
+            elif kind is Kind.LEDGER and item:
                 self.ledger[item] = [from_dict(LedgerSegment, s) for s in json.loads(value)]
-            elif kind == "events" and item:
+            elif kind is Kind.EVENTS and item:
                 ev = decode(Event, value)
                 self.events[ev.seq] = ev
                 if len(self.events) > MAX_EVENTS:
@@ -290,26 +290,26 @@ class ClusterState:
     def _delete(self, k: str, rev: int) -> None:
         kind, item = self._split(k)
         self._revs[k] = rev
-        if kind == "spec":
+        if kind is Kind.SPEC:
             self.recipe = None
-        elif kind == "target":
+        elif kind is Kind.TARGET:
             self.target = None
-        elif kind == "nodes":
+        elif kind is Kind.NODES:
             self.nodes.pop(item, None)
-        elif kind == "alive":
+        elif kind is Kind.ALIVE:
             self.alive.discard(item)
-        elif kind == "notices":
+        elif kind is Kind.NOTICES:
             self.notices.pop(item, None)
-        elif kind == "standby":
+        elif kind is Kind.STANDBY:
             self.standby.discard(item)
-        elif kind == "progress":
+        elif kind is Kind.PROGRESS:
             self.progress.pop(item, None)
             self.rates.pop(item, None)
-        elif kind == "checkpoints" and item.isdigit():
+        elif kind is Kind.CHECKPOINTS and item.isdigit():
             self.checkpoints.pop(int(item), None)
-        elif kind == "ledger":
+        elif kind is Kind.LEDGER:
             self.ledger.pop(item, None)
-        elif kind == "events" and item.isdigit():
+        elif kind is Kind.EVENTS and item.isdigit():
             self.events.pop(int(item), None)
 
     def build(self, now: float, connected: bool = True, error: str = "", history: Sequence[float] = ()) -> Snapshot:

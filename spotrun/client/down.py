@@ -18,13 +18,8 @@ from spotrun.paths import spotrun_home
 from spotrun.providers import supports
 from spotrun.state import clusterfile
 from spotrun.state.ledger import close_open, summarize
-from spotrun.state.store import key
 
 _log = log.get("down")
-
-# What a cluster keeps in etcd after `down` (its history) unless purged.
-KEPT_KINDS = ("spec", "checkpoints", "ledger", "events")
-DROPPED_KINDS = ("target", "nodes", "alive", "notices", "progress", "rdzv", "launches", "chaos", "stopped", "standby")
 
 
 @dataclass
@@ -117,7 +112,5 @@ def _clean_etcd(record, purge: bool, result: DownResult) -> None:
             store.delete_cluster(record.name)
         else:
             store.add_event(record.name, "down", f"cluster down; {len(result.terminated)} VMs terminated")
-            for kind in DROPPED_KINDS:
-                store.delete_prefix(key(record.name, kind) + "/")
-                store.delete(key(record.name, kind))
+            store.drop_live_state(record.name)  # the history (spec, checkpoints, ledger, events) stays
         result.etcd_cleaned = True

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from spotrun.state.ledger import summarize
-from spotrun.state.records import to_dict
+from spotrun.state.records import NodeState, to_dict
 from spotrun.state.store import Store
 
 
@@ -87,8 +87,8 @@ def render(statuses: list[dict[str, Any]]) -> None:
         )
         for column in ("node", "provider", "zone", "type", "state", "alive", "uptime", "$/h"):
             table.add_column(column, justify="right" if column in ("uptime", "$/h") else "left")
-        gone = [n for n in status["nodes"] if n["state"] in _GONE]
-        for node in (n for n in status["nodes"] if n["state"] not in _GONE):
+        gone = [n for n in status["nodes"] if NodeState(n["state"]).is_gone]
+        for node in (n for n in status["nodes"] if not NodeState(n["state"]).is_gone):
             state = "standby" if node.get("standby") and node["state"] == "running" else node["state"]
             state += f" ({_left(node['notice_deadline'])} left)" if node["notice_deadline"] else ""
             table.add_row(
@@ -104,7 +104,9 @@ def render(statuses: list[dict[str, Any]]) -> None:
         console.out.print(table)
         if gone:
             counts = ", ".join(
-                f"{sum(n['state'] == s for n in gone)} {s}" for s in _GONE if any(n["state"] == s for n in gone)
+                f"{sum(n['state'] == s for n in gone)} {s.value}"
+                for s in NodeState
+                if s.is_gone and any(n["state"] == s for n in gone)
             )
             console.out.print(f"gone: {counts} (see `spotrun events {status['cluster']}`)", markup=False)
         console.out.print(
@@ -128,9 +130,6 @@ def render(statuses: list[dict[str, Any]]) -> None:
         for event in status["recent_events"]:
             stamp = time.strftime("%H:%M:%S", time.localtime(event["at"]))
             console.out.print(f"  {stamp} {event['kind']:<9} {event['message']}", markup=False)
-
-
-_GONE = ("preempted", "terminated", "failed")
 
 
 def _duration(seconds: float | None) -> str:

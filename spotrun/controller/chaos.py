@@ -6,21 +6,15 @@ restarted controller keeps the same clock), and each entry fires once (its own k
 
 from __future__ import annotations
 
-import json
 import random
 import time
 
 from spotrun import log
 from spotrun.providers import supports
-from spotrun.state.store import Store, key
+from spotrun.state.schema import ChaosMark
+from spotrun.state.store import Store
 
 _log = log.get("chaos")
-
-
-def _start(store: Store, cluster: str, now: float) -> float:
-    start_key = key(cluster, "chaos", "start")
-    store.cas(start_key, None, json.dumps({"at": now}))  # first caller sets the clock; later ones keep it
-    return json.loads(store.get(start_key)[0])["at"]
 
 
 def due(store: Store, cluster: str, schedule, now: float | None = None) -> list[tuple[int, object]]:
@@ -28,11 +22,11 @@ def due(store: Store, cluster: str, schedule, now: float | None = None) -> list[
     if not schedule:
         return []
     now = time.time() if now is None else now
-    start = _start(store, cluster, now)
+    start = store.chaos_start(cluster, now)
     return [
         (i, entry)
         for i, entry in enumerate(schedule)
-        if now >= start + entry.at and store.get(key(cluster, "chaos", f"fired-{i}")) is None
+        if now >= start + entry.at and not store.chaos_fired(cluster, ChaosMark.SCHEDULE, i)
     ]
 
 
@@ -43,11 +37,11 @@ def trace_due(
     if not events:
         return []
     now = time.time() if now is None else now
-    start = _start(store, cluster, now)
+    start = store.chaos_start(cluster, now)
     out, capacity = [], nodes
     for i, event in enumerate(events):
         capacity += event.count if event.action == "restore" else -event.count
-        if now >= start + event.at_s and store.get(key(cluster, "chaos", f"trace-{i}")) is None:
+        if now >= start + event.at_s and not store.chaos_fired(cluster, ChaosMark.TRACE, i):
             out.append((i, event, capacity))
     return out
 
@@ -56,7 +50,7 @@ def replay(store: Store, cluster: str, index: int, event, capacity: int, live: l
     """Apply one trace event: the local cloud's capacity becomes `capacity`; a drop preempts the
     newest live VMs (those not already leaving; training VMs before warm spares, as `spotrun
     simulate` does) with the event's notice. Fires once."""
-    store.put(key(cluster, "chaos", f"trace-{index}"), json.dumps({"at": time.time()}))
+    store.mark_chaos_fired(cluster, ChaosMark.TRACE, index)
     for provider in providers.values():
         if supports(provider, "capacity"):
             provider.set_capacity(cluster, capacity)
@@ -84,7 +78,7 @@ def replay(store: Store, cluster: str, index: int, event, capacity: int, live: l
 def fire(store: Store, cluster: str, index: int, entry, live: list, providers: dict) -> str | None:
     """Preempt the entry's node (index into `live` by launch time, or a seeded random one).
     Marks the entry fired whatever happens, so a schedule never fires twice. Returns the node."""
-    store.put(key(cluster, "chaos", f"fired-{index}"), json.dumps({"at": time.time()}))
+    store.mark_chaos_fired(cluster, ChaosMark.SCHEDULE, index)
     candidates = sorted(
         (i for i in live if supports(providers.get(i.provider), "preempt")), key=lambda i: (i.launched_at, i.id)
     )

@@ -14,7 +14,6 @@ on half an observation: healthy nodes are never torn down for it.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -39,11 +38,12 @@ from spotrun.controller.plan import (
 from spotrun.controller.provisioning import Provisioner, cluster_lock
 from spotrun.errors import CapacityError, NotFoundError, SpotrunError
 from spotrun.node.agent import FINISHED_REASON, LEFT_REASON
-from spotrun.state import clusterfile
+from spotrun.state import clusterfile, schema
 from spotrun.state.ledger import close_open, summarize
 from spotrun.state.records import NodeState
+from spotrun.state.schema import Kind, RdzvPart
 from spotrun.state.spec import read_spec
-from spotrun.state.store import Store, key, rdzv_key
+from spotrun.state.store import Store
 
 if TYPE_CHECKING:
     from spotrun.recipe.schema import Recipe
@@ -53,7 +53,9 @@ _log = log.get("controller")
 RESYNC_S = 2.0
 MIN_PASS_INTERVAL_S = 0.2
 # Changes to these kinds of key can change the plan; progress and events cannot.
-_PLAN_INPUTS = ("spec", "target", "nodes", "alive", "notices", "launches", "stopped", "standby")
+_PLAN_INPUTS = frozenset(
+    {Kind.SPEC, Kind.TARGET, Kind.NODES, Kind.ALIVE, Kind.NOTICES, Kind.LAUNCHES, Kind.STOPPED, Kind.STANDBY}
+)
 AVOID_ZONE_S = 300.0  # a zone that just preempted a node is tried last for this long
 PRICE_REFRESH_S = 300.0  # how often live spot prices are re-read into the ledger
 JOIN_WAIT_S = 5.0  # how long a gone node's rendezvous key waits for an activated spare to reach the rendezvous
@@ -84,25 +86,23 @@ class Controller:
     # -- loop -----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Reconcile until `stop`; wakes on any etcd change of the cluster. Blocks."""
-        prefix = key(self.cluster, "")
-        relevant = tuple(prefix + kind for kind in _PLAN_INPUTS)
-        rendezvous = key(self.cluster, "rdzv") + "/"
-        members = rdzv_key(self.cluster, self.cluster, "alive")
 
         def on_change(event) -> None:
             # A node that dies without a word shows first as a survivor's "peer lost" report, then
             # as its rendezvous lease (1 s) ending: look at the provider then, not up to RESYNC_S
             # later, so a warm spare can join the survivors' re-formation.
-            if event.key.startswith(relevant) or (
-                event.key.startswith(rendezvous)
+            parsed = schema.parse_key(self.cluster, event.key)
+            rdzv = schema.parse_rdzv_key(self.cluster, event.key)
+            if (parsed is not None and parsed.kind in _PLAN_INPUTS) or (
+                rdzv is not None
                 and (
-                    (event.kind == "delete" and "/alive/" in event.key)
-                    or (event.kind == "put" and "/lost/" in event.key)
+                    (event.kind == "delete" and rdzv.part == RdzvPart.ALIVE)
+                    or (event.kind == "put" and rdzv.part == RdzvPart.LOST)
                 )
             ):
                 self._wake.set()
-            if event.kind == "put" and event.key.startswith(members):
-                self._spare_arrived(event.key[len(members) :])
+            if event.kind == "put" and rdzv is not None and rdzv.run_id == self.cluster and rdzv.part == RdzvPart.ALIVE:
+                self._spare_arrived(rdzv.node)
 
         watch = self.store.watch_cluster(self.cluster, on_change)
         self.event_once("controller", f"controller started (pid {os.getpid()})")
@@ -201,7 +201,7 @@ class Controller:
             views,
             spent_total=spent,
             pending_launch=pending,
-            stopped=self.store.get(key(self.cluster, "stopped")) is not None,
+            stopped=self.store.is_stopped(self.cluster),
             now=time.time(),
         )
         return desired, observed, instances
@@ -210,20 +210,14 @@ class Controller:
     def _finished(inst, record, segments) -> bool:
         """Gone, recorded as gone, and billed to the end: nothing left to do about it."""
         closed = not segments or all(s.end is not None for s in segments)
-        return (
-            inst.state.is_gone
-            and closed
-            and record is not None
-            and record.state in (NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED)
-        )
+        return inst.state.is_gone and closed and record is not None and record.state.is_gone
 
     def _ready(self, alive: set[str]) -> set[str]:
         """Nodes that can take over work now: without training, any live agent; with training,
         one waiting to join the rendezvous or already reporting steps."""
         if not self.record.train:
             return alive
-        waiting = rdzv_key(self.cluster, self.cluster, "waiting")
-        joining = {k[len(waiting) :] for k, _, _ in self.store.get_prefix(waiting)}
+        joining = self.store.rdzv_waiting(self.cluster)
         return alive & (joining | {p.node for p in self.store.list_progress(self.cluster)})
 
     @staticmethod
@@ -269,7 +263,7 @@ class Controller:
         elif isinstance(action, CloseLedger):
             self._close(instances[action.node])
         elif isinstance(action, StopCluster):
-            self.store.put(key(self.cluster, "stopped"), json.dumps({"reason": action.reason, "at": time.time()}))
+            self.store.mark_stopped(self.cluster, action.reason)
             self.store.set_target(self.cluster, 0)
             self.store.add_event(self.cluster, "budget", f"stopping the cluster: {action.reason}")
         elif isinstance(action, Blocked):
@@ -369,7 +363,7 @@ class Controller:
     def _forget_liveness(self, node: str) -> None:
         """The provider says the VM is gone: its leases would linger until their TTL; drop them now
         (its rendezvous membership once activated spares are in: see _release_gone)."""
-        self.store.delete(key(self.cluster, "alive", node))
+        self.store.forget_alive(self.cluster, node)
         with self._members_lock:
             self._gone_members.add(node)
         self._release_gone()  # now, not after this pass's launches (they can take seconds)
@@ -400,13 +394,13 @@ class Controller:
             self._joining = {
                 n: at
                 for n, at in self._joining.items()
-                if now - at < JOIN_WAIT_S and self.store.get(rdzv_key(self.cluster, self.cluster, "alive", n)) is None
+                if now - at < JOIN_WAIT_S and not self.store.is_rdzv_member(self.cluster, n)
             }
             if self._joining or not self._gone_members:
                 return
             gone, self._gone_members = self._gone_members, set()
         for node in sorted(gone):
-            if self.store.delete(rdzv_key(self.cluster, self.cluster, "alive", node)):
+            if self.store.release_rdzv_member(self.cluster, node):
                 _log.info("released a gone node's rendezvous membership", extra=log.kv(node=node))
 
     def _end_billing(self, node: str) -> None:

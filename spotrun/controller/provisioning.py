@@ -10,12 +10,10 @@ provisioning at the same time.
 from __future__ import annotations
 
 import fcntl
-import json
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from spotrun import log
@@ -28,8 +26,8 @@ from spotrun.paths import cluster_dir
 from spotrun.providers.base import Instance
 from spotrun.recipe.schema import Recipe
 from spotrun.state.clusterfile import ClusterFile
-from spotrun.state.records import LedgerSegment, NodeRecord, NodeState
-from spotrun.state.store import Store, key
+from spotrun.state.records import LaunchIntent, LedgerSegment, NodeRecord, NodeState
+from spotrun.state.store import Store
 
 _log = log.get("provisioning")
 
@@ -39,15 +37,6 @@ HEAD_ROLE = "head"  # the `role` label of a cluster's head VM; the provisioner n
 
 def is_head(inst: Instance) -> bool:
     return inst.labels.get("role") == HEAD_ROLE
-
-
-@dataclass(frozen=True)
-class LaunchIntent:
-    key: str
-    count: int
-    replaces: tuple[str, ...] = ()
-    at: float = field(default_factory=time.time)
-    standby: int = 0  # the last `standby` VMs of the launch become warm spares
 
 
 @contextmanager
@@ -92,11 +81,7 @@ class Provisioner:
         return [inst for inst in self.instances() if not inst.state.is_gone]
 
     def pending_intents(self) -> list[LaunchIntent]:
-        prefix = key(self.cluster, "launches") + "/"
-        return sorted(
-            (LaunchIntent(**json.loads(raw)) for _, raw, _ in self.store.get_prefix(prefix)),
-            key=lambda intent: intent.at,
-        )
+        return self.store.list_launches(self.cluster)
 
     # -- launching ------------------------------------------------------------------------------
     def launch(
@@ -115,7 +100,7 @@ class Provisioner:
         if intent_key is not None and not standby:
             standby = self._intent_standby(intent_key)
         intent = LaunchIntent(intent_key or f"l-{uuid.uuid4().hex[:12]}", count, tuple(replaces), standby=standby)
-        self.store.put(key(self.cluster, "launches", intent.key), json.dumps(intent.__dict__))
+        self.store.put_launch(self.cluster, intent)
         ordered = sorted(placements(self.recipe), key=lambda p: p.offer.zone in avoid_zones)
         errors = []
         for placement in ordered:
@@ -127,9 +112,9 @@ class Provisioner:
                     self.cluster, "capacity", f"{_describe(placement)}: {exc}; trying the next candidate"
                 )
                 continue
-            self.store.delete(key(self.cluster, "launches", intent.key))
+            self.store.delete_launch(self.cluster, intent.key)
             return ids
-        self.store.delete(key(self.cluster, "launches", intent.key))
+        self.store.delete_launch(self.cluster, intent.key)
         raise CapacityError(
             "no candidate offer had capacity: " + "; ".join(errors),
             hint="add candidates in other zones or instance types to the recipe",
@@ -137,8 +122,8 @@ class Provisioner:
 
     def _intent_standby(self, intent_key: str) -> int:
         """A re-issued launch keeps the spares it was recorded with."""
-        found = self.store.get(key(self.cluster, "launches", intent_key))
-        return int(json.loads(found[0]).get("standby", 0)) if found else 0
+        found = self.store.get_launch(self.cluster, intent_key)
+        return found.standby if found else 0
 
     def _launch_on(self, placement: Placement, intent: LaunchIntent) -> list[str]:
         from spotrun.providers import LaunchSpec

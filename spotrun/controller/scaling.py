@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from spotrun.errors import MembershipError, NotFoundError, SpotrunError
-from spotrun.state.records import NodeRecord, NodeState, decode, encode
+from spotrun.state.records import NodeRecord, NodeState
 from spotrun.state.spec import recipe_from_spec
-from spotrun.state.store import Store, key
+from spotrun.state.store import Store
 
 DRAIN_REASON = "drain requested"
-_GONE = frozenset({NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED})
 
 
 @dataclass(frozen=True)
@@ -64,21 +63,20 @@ def drain(store: Store, cluster: str, node: str, reason: str = DRAIN_REASON) -> 
     node does not exist, SpotrunError if it is already gone, MembershipError if the node record
     keeps changing under us, ControlPlaneError if etcd is unreachable.
     """
-    k = key(cluster, "nodes", node)
     for _ in range(20):
-        found = store.get(k)
+        found = store.get_node_revision(cluster, node)
         if found is None:
             raise NotFoundError(f"cluster {cluster!r} has no node {node!r}", hint="see `spotrun status`")
-        record = decode(NodeRecord, found[0])
+        record, revision = found
         if record.state == NodeState.LEAVING:
             return record
-        if record.state in _GONE:
+        if record.state.is_gone:
             raise SpotrunError(
                 f"node {node!r} of cluster {cluster!r} is already {record.state.value}",
                 hint="only live nodes can be drained",
             )
         updated = replace(record, state=NodeState.LEAVING, reason=reason)
-        if store.cas(k, found[1], encode(updated)):
+        if store.cas_node(updated, revision):
             store.add_event(cluster, "drain", f"{node}: {reason}", node)
             return updated
     raise MembershipError(f"node {node!r} of cluster {cluster!r} kept changing while draining it", hint="try again")

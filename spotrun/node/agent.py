@@ -22,8 +22,10 @@ from pathlib import Path
 
 from spotrun import log
 from spotrun.errors import ControlPlaneError, SpotrunError
+from spotrun.state.etcd import LeaseKeeper
 from spotrun.state.records import NodeRecord, NodeState, Notice, decode
-from spotrun.state.store import LeaseKeeper, Store, WatchEvent, connect, key, rdzv_key
+from spotrun.state.store import Store, connect
+from spotrun.state.watch import WatchEvent
 
 _log = log.get("agent")
 
@@ -73,11 +75,11 @@ class Agent:
         self.store.add_event(cluster, "join", f"agent on {node} registered (pid {os.getpid()})", node)
         _log.info("registered", extra=log.kv(cluster=cluster, node=node, ttl=self.config.ttl))
         threading.Thread(target=self._watch_notice, name="notice", daemon=True).start()
-        watches = [self.store.watch_prefix(key(cluster, "nodes", node), self._on_own_record)]
+        watches = [self.store.watch_node(cluster, node, self._on_own_record)]
         if self.config.train:
-            watches.append(self.store.watch_prefix(self._standby_key(), self._on_standby))  # before reading it
+            watches.append(self.store.watch_standby(cluster, node, self._on_standby))  # before reading it
             self._start_training()
-            watches.append(self.store.watch_prefix(self._waiting_prefix(), self._on_waiting))
+            watches.append(self.store.watch_rdzv_waiting(cluster, self._on_waiting))
         while not self.stop.wait(0.5):
             if self._keeper is None or not self._keeper.active:
                 self._keep_alive()
@@ -111,7 +113,9 @@ class Agent:
         spec = self._train_spec()
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         with self._standby_lock:
-            standby = not self._activated and self._guarded_get(lambda: self.store.get(self._standby_key())) is not None
+            standby = not self._activated and bool(
+                self._guarded_get(lambda: self.store.is_standby(self.config.cluster, self.config.node))
+            )
             self._launcher = Launcher(
                 self.config.cluster,
                 self.config.node,
@@ -164,15 +168,12 @@ class Agent:
         self._event("failure", f"{node}: launcher exited with code {code}; restarting")
         return False
 
-    def _standby_key(self) -> str:
-        return key(self.config.cluster, "standby", self.config.node)
-
     def _parked(self) -> bool:
         return self._launcher is not None and self._launcher.parked
 
     def _on_standby(self, event: WatchEvent) -> None:
         """The controller deleted this spare's standby key: join the training job now."""
-        if event.kind != "delete" or event.key != self._standby_key():
+        if event.kind != "delete":
             return
         with self._standby_lock:
             self._activated = True
@@ -181,23 +182,19 @@ class Agent:
             _log.info("warm spare activated")
             self._guard(lambda: self._set_state(NodeState.RUNNING, "warm spare activated"))
 
-    def _waiting_prefix(self) -> str:
-        return rdzv_key(self.config.cluster, self.config.cluster, "waiting")
-
-    def _on_waiting(self, event: WatchEvent) -> None:
+    def _on_waiting(self, kind: str, joiner: str) -> None:
         """Another node waits to join: checkpoint at the next step so the group re-forms with it.
         A noticed node leaves in that same re-formation: its replacement swaps in with one
         membership change instead of two."""
-        joiner = event.key.rsplit("/", 1)[-1]
         if self._launcher is None:
             return
-        if event.kind == "delete":
+        if kind == "delete":
             # The joiner got into a re-formation (or went away) before our workers acted on its
             # join request: new workers must not restart once more for it.
             if joiner != self.config.node and self._launcher.control.withdraw(f"join:{joiner}"):
                 _log.info("join request withdrawn: the node is no longer waiting", extra=log.kv(joiner=joiner))
             return
-        if event.kind != "put":
+        if kind != "put":
             return
         if joiner == self.config.node:
             if not self._ready_said:  # the launcher reached the rendezvous: this node can take work
@@ -252,11 +249,7 @@ class Agent:
 
     def _on_own_record(self, event: WatchEvent) -> None:
         """A drain (scale-down, TUI) marks this node `leaving`; leave the same way a notice does."""
-        if (
-            event.kind != "put"
-            or event.value is None
-            or event.key != key(self.config.cluster, "nodes", self.config.node)
-        ):
+        if event.kind != "put" or event.value is None:
             return
         try:
             record = decode(NodeRecord, event.value)

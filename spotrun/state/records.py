@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,6 +26,11 @@ class NodeState(str, enum.Enum):
     PREEMPTED = "preempted"
     TERMINATED = "terminated"
     FAILED = "failed"
+
+    @property
+    def is_gone(self) -> bool:
+        """True once the VM can never run again (preempted, terminated or failed)."""
+        return self in (NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED)
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,18 @@ class Event:
     kind: str
     message: str
     node: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchIntent:
+    """A launch recorded before the provider is called (`/spotrun/<cluster>/launches/<key>`);
+    `key` is the idempotency key the provider labels its VMs with."""
+
+    key: str
+    count: int
+    replaces: tuple[str, ...] = ()
+    at: float = field(default_factory=time.time)
+    standby: int = 0  # the last `standby` VMs of the launch become warm spares
 
 
 Record = TypeVar("Record")

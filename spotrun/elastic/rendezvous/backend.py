@@ -18,10 +18,11 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBa
 
 from spotrun.elastic.rendezvous.fork_guard import check_not_forked
 from spotrun.errors import ControlPlaneError
-from spotrun.state import store as store_mod
+from spotrun.state import schema
 
 if TYPE_CHECKING:
-    from spotrun.state.store import Store, WatchEvent, WatchHandle
+    from spotrun.state.etcd import Etcd
+    from spotrun.state.watch import WatchEvent, WatchHandle
 
 BACKEND_NAME = "spotrun-etcd"
 _MAGIC = b"spotrun-rdzv/1\n"  # prefix of the stored state blob; anything else is corrupt
@@ -41,17 +42,17 @@ class EtcdRendezvousBackend(RendezvousBackend):
     of the state or of an alive key and wakes `wait_change` and `EtcdStore` waiters.
     """
 
-    def __init__(self, store: Store, cluster: str, run_id: str, *, watch: bool = True) -> None:
+    def __init__(self, store: Etcd, cluster: str, run_id: str, *, watch: bool = True) -> None:
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")
         self._store = store
         self.cluster, self.run_id = cluster, run_id
-        self.prefix = store_mod.key(cluster, "rdzv", run_id) + "/"
-        self.state_key = self.prefix + "state"
-        self.alive_prefix = store_mod.rdzv_key(cluster, run_id, "alive")
-        self.waiting_prefix = store_mod.rdzv_key(cluster, run_id, "waiting")
-        self.lost_prefix = store_mod.rdzv_key(cluster, run_id, "lost")
-        self.store_prefix = self.prefix + "store/"
+        self.prefix = schema.rdzv_prefix(cluster, run_id)
+        self.state_key = schema.rdzv_state_key(cluster, run_id)
+        self.alive_prefix = schema.rdzv_key(cluster, run_id, schema.RdzvPart.ALIVE)
+        self.waiting_prefix = schema.rdzv_key(cluster, run_id, schema.RdzvPart.WAITING)
+        self.lost_prefix = schema.rdzv_key(cluster, run_id, schema.RdzvPart.LOST)
+        self.store_prefix = schema.rdzv_key(cluster, run_id, schema.RdzvPart.STORE)
         self.alive: frozenset[str] = frozenset()
         self._cond = threading.Condition()
         self._generation = 0  # state or alive changes
@@ -69,7 +70,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         return BACKEND_NAME
 
     @property
-    def store(self) -> Store:
+    def store(self) -> Etcd:
         return self._store
 
     # watch ------------------------------------------------------------------------------------

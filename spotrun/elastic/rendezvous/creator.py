@@ -22,7 +22,7 @@ from spotrun.elastic.rendezvous.handler import SpotrunRendezvousHandler
 from spotrun.elastic.rendezvous.store import EtcdStore
 from spotrun.elastic.rendezvous.torch_patches import SpotrunStateHolder, node_desc
 from spotrun.errors import ControlPlaneError
-from spotrun.state import store as store_mod
+from spotrun.state.etcd import connect
 
 _ID = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -70,7 +70,7 @@ def create_handler(params: RendezvousParameters) -> SpotrunRendezvousHandler:
     )
     check_not_forked()
     try:
-        etcd = store_mod.connect(endpoints)
+        etcd = connect(endpoints)
     except ControlPlaneError as exc:
         raise connection_error("cannot connect to etcd for the rendezvous", exc) from exc
     try:

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.api import (
@@ -31,10 +31,7 @@ from spotrun.elastic.rendezvous.fork_guard import in_forked_child
 from spotrun.elastic.rendezvous.store import EtcdStore
 from spotrun.elastic.rendezvous.torch_patches import SpotrunStateHolder
 from spotrun.errors import ControlPlaneError
-from spotrun.state import store as store_mod
-
-if TYPE_CHECKING:
-    from spotrun.state.store import LeaseKeeper
+from spotrun.state.etcd import LeaseKeeper
 
 _log = log.get("rendezvous")
 _handlers: list[weakref.ref[SpotrunRendezvousHandler]] = []
@@ -82,9 +79,7 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         self._reported_broken = False
         value = json.dumps({"node": node_id, "desc": repr(node), "pid": os.getpid(), "since": time.time()})
         try:
-            self._alive: LeaseKeeper = store_mod.LeaseKeeper(
-                backend.store, backend.alive_prefix + node_id, value, lease_ttl
-            )
+            self._alive: LeaseKeeper = LeaseKeeper(backend.store, backend.alive_prefix + node_id, value, lease_ttl)
         except ControlPlaneError as exc:
             raise connection_error("cannot publish the rendezvous alive key", exc) from exc
         state_holder.on_state = self._on_state
