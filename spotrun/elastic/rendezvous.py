@@ -92,8 +92,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from spotrun import log
-from spotrun.elastic import PEER_LOST_FILE_ENV
 from spotrun.errors import ControlPlaneError
+from spotrun.node.protocol import PEER_LOST_FILE_ENV
 from spotrun.state import store as store_mod
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from spotrun import log
 from spotrun.errors import ControlPlaneError, SpotrunError
+from spotrun.node.protocol import ControlCommand, ExitCode
 from spotrun.state.records import NodeRecord, NodeState, Notice, decode
 from spotrun.state.store import LeaseKeeper, Store, WatchEvent, connect, key, rdzv_key
 
@@ -124,7 +125,7 @@ class Agent:
         if standby:
             self._guard(lambda: self._set_state(NodeState.RUNNING, "warm spare, parked outside the training job"))
         self._publisher = ProgressPublisher(
-            self.store, self.config.cluster, self.config.node, self._launcher.progress_path
+            self.store, self.config.cluster, self.config.node, self._launcher.files.progress
         )
         self._launcher.start()
         _log.info("launcher started", extra=log.kv(run=spec.run, nnodes=spec.nnodes))
@@ -158,11 +159,11 @@ class Agent:
     def _on_launcher_exit(self, code: int, leaving: bool) -> bool:
         """Record why the launcher stopped; True when the job is finished for this node."""
         node = self.config.node
-        if code == 0 and leaving:
+        if code == ExitCode.OK and leaving:
             self._guard(lambda: self._set_state(NodeState.LEAVING, LEFT_REASON))
             self._event("leave", f"{node} left the training job")
             return True
-        if code == 0:
+        if code == ExitCode.OK:
             self._event("finished", f"{node}: training job finished")
             self._guard(lambda: self._set_state(NodeState.RUNNING, FINISHED_REASON))
             return True
@@ -199,7 +200,7 @@ class Agent:
         if event.kind == "delete":
             # The joiner got into a re-formation (or went away) before our workers acted on its
             # join request: new workers must not restart once more for it.
-            if joiner != self.config.node and self._launcher.control.withdraw(f"join:{joiner}"):
+            if joiner != self.config.node and self._launcher.control.withdraw(ControlCommand.JOIN, joiner):
                 _log.info("join request withdrawn: the node is no longer waiting", extra=log.kv(joiner=joiner))
             return
         if event.kind != "put":
@@ -216,7 +217,7 @@ class Agent:
         if self._noticed.is_set():
             self._leave(f"swapping with joining node {joiner}")
             return
-        seq = self._launcher.control.request(f"join:{joiner}")
+        seq = self._launcher.control.request(ControlCommand.JOIN, joiner)
         _log.info("join pending; checkpoint requested", extra=log.kv(joiner=joiner, seq=seq))
 
     # -- leaving: notices and drains ------------------------------------------------------------
@@ -279,7 +280,7 @@ class Agent:
         self._guard(lambda: self._set_state(NodeState.LEAVING, why))
         if self._launcher is not None:
             self._launcher.leave()  # first, so the launcher does not rejoin after the workers exit
-            self._launcher.control.request(f"leave:{self.config.node}")
+            self._launcher.control.request(ControlCommand.LEAVE, self.config.node)
         else:  # nothing to hand over: the node can go at once
             self._guard(lambda: self._set_state(NodeState.LEAVING, LEFT_REASON))
 
