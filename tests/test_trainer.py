@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from spotrun.elastic.checkpoint import files as checkpoint
-from spotrun.elastic.trainer import EXIT_REFORM
+from spotrun.node.protocol import ControlCommand, ControlWriter, ExitCode, read_progress
 
 SCRIPT = Path(__file__).parent / "trainer_scripts" / "steps.py"
 BATCH, SAMPLES = 12, 50
@@ -104,10 +103,10 @@ def _batches(groups: list[Group]) -> dict[int, list[int]]:
         for log in group.logs:
             for line in log.read_text().splitlines():
                 if line.startswith("STEP "):
-                    _, step, _, world, _, rank, _, _, _, _, _, idx = line.split()
+                    _, step, _, _, _, rank, _, _, _, _, _, idx = line.split()
                     seen[(int(step), int(rank))] = [int(i) for i in idx.split(",")]
     by_step: dict[int, list[int]] = {}
-    for (step, rank), idx in sorted(seen.items()):
+    for (step, _rank), idx in sorted(seen.items()):
         by_step.setdefault(step, []).extend(idx)
     return by_step
 
@@ -116,8 +115,8 @@ def _batches(groups: list[Group]) -> dict[int, list[int]]:
 def test_agreed_checkpoint_then_resume_smaller_world_loses_nothing(tmp_path: Path) -> None:
     first = Group(tmp_path, 3, 40, "first")
     first.wait_for_step(10)
-    first.controls[2].write_text(json.dumps({"seq": 1, "reason": "notice"}))  # only rank 2's agent asks
-    assert first.wait() == [EXIT_REFORM] * 3
+    ControlWriter(first.controls[2]).request(ControlCommand.LEAVE, "node-2")  # only rank 2's agent asks
+    assert first.wait() == [ExitCode.REFORM] * 3
     done = [first.steps(r)[-1] for r in range(3)]
     assert len(set(done)) == 1, f"ranks stopped at different steps: {done}"
     manifest = checkpoint.newest_valid(tmp_path / "ckpt")
@@ -131,8 +130,9 @@ def test_agreed_checkpoint_then_resume_smaller_world_loses_nothing(tmp_path: Pat
     assert "resumed from step" in second.logs[0].read_text()
     batches = _batches([first, second])
     assert all(batches[s] == _expected_indices(s) for s in range(1, 41)), "re-sharding changed the sample sequence"
-    progress = json.loads((tmp_path / "progress-0.json").read_text())
-    assert progress["step"] == 40 and progress["world_size"] == 2 and progress["checkpoint"]["step"] == 40
+    progress = read_progress(tmp_path / "progress-0.json")
+    assert progress is not None and progress.checkpoint is not None
+    assert progress.step == 40 and progress.world_size == 2 and progress.checkpoint.step == 40
 
 
 @pytest.mark.slow
@@ -140,7 +140,7 @@ def test_hard_kill_survivor_saves_last_completed_step(tmp_path: Path) -> None:
     group = Group(tmp_path, 2, 400, "kill")
     group.wait_for_step(8)
     os.killpg(group.procs[1].pid, signal.SIGKILL)
-    assert group.procs[0].wait(60) == EXIT_REFORM
+    assert group.procs[0].wait(60) == ExitCode.REFORM
     group.wait()
     survivor_last = group.steps(0)[-1]
     manifest = checkpoint.newest_valid(tmp_path / "ckpt")

@@ -351,7 +351,7 @@ class ClusterState:
             n.zone,
             n.instance_type,
             state,
-            n.reason,
+            n.reason_text,
             n.id in self.alive,
             max(0.0, now - n.launched_at) if n.launched_at else None,
             self.rates.get(n.id) if fresh else None,

@@ -37,10 +37,9 @@ from spotrun.controller.plan import (
 )
 from spotrun.controller.provisioning import Provisioner, cluster_lock
 from spotrun.errors import CapacityError, NotFoundError, SpotrunError
-from spotrun.node.agent import FINISHED_REASON, LEFT_REASON
 from spotrun.state import clusterfile, schema
 from spotrun.state.ledger import close_open, summarize
-from spotrun.state.records import NodeState
+from spotrun.state.records import NodeReason, NodeState
 from spotrun.state.schema import Kind, RdzvPart
 from spotrun.state.spec import read_spec
 from spotrun.state.store import Store
@@ -223,7 +222,7 @@ class Controller:
     @staticmethod
     def _view(inst, record, alive: bool, ready: bool, notice, segments, standby: bool) -> NodeView:
         state = record.state if record else None
-        reason = record.reason if record else ""
+        reason = record.reason if record else NodeReason.NONE
         return NodeView(
             id=inst.id,
             price_per_hour=inst.price_per_hour,
@@ -233,12 +232,12 @@ class Controller:
             noticed=notice is not None,
             notice_deadline=notice.deadline if notice else None,
             leaving=state == NodeState.LEAVING,
-            left=state == NodeState.LEAVING and reason == LEFT_REASON,
+            left=state == NodeState.LEAVING and reason is NodeReason.LEFT,
             ledger_open=bool(segments) and any(s.end is None for s in segments),
             launched_at=inst.launched_at,
             replaces=(record.extra.get("replaces") if record else None),
             standby=standby,
-            finished=state == NodeState.RUNNING and reason == FINISHED_REASON,
+            finished=state == NodeState.RUNNING and reason is NodeReason.FINISHED,
         )
 
     def _launch_price(self) -> float:
@@ -343,7 +342,7 @@ class Controller:
         provider.terminate([inst.id])
         self._end_billing(inst.id)
         self._forget_liveness(inst.id)
-        self.provisioner.record_node(inst, NodeState.TERMINATED, reason=reason)
+        self.provisioner.record_node(inst, NodeState.TERMINATED, detail=reason)
         self.store.delete_notice(self.cluster, inst.id)
         self.store.add_event(self.cluster, "terminate", f"{inst.id} terminated: {reason}", inst.id)
 
@@ -356,7 +355,7 @@ class Controller:
         )
         if state == NodeState.PREEMPTED:
             self._preempted_zones[inst.zone] = time.time()
-        self.provisioner.record_node(inst, state, reason=inst.reason or inst.state.value)
+        self.provisioner.record_node(inst, state, detail=inst.reason or inst.state.value)
         self.store.delete_notice(self.cluster, inst.id)
         self.store.add_event(self.cluster, state.value, f"{inst.id} {state.value}: {inst.reason or 'gone'}", inst.id)
 

@@ -171,7 +171,7 @@ class Provisioner:
                 )
         return ids
 
-    def record_node(self, inst, state: NodeState, *, reason: str = "", replaces: str | None = None) -> None:
+    def record_node(self, inst, state: NodeState, *, detail: str = "", replaces: str | None = None) -> None:
         existing = self.store.get_node(inst.cluster, inst.id)
         extra = {
             **(existing.extra if existing else {}),
@@ -192,7 +192,7 @@ class Provisioner:
                 ip=inst.host,
                 ssh_port=inst.ssh_port,
                 state=state,
-                reason=reason,
+                detail=detail,
                 launched_at=existing.launched_at if existing else inst.launched_at,
                 extra=extra,
             )
@@ -260,7 +260,7 @@ class Provisioner:
         for provider in providers_of(self.recipe.resources):
             provider.terminate([vm for vm in failed if by_id[vm].provider == provider.name])
         for vm, error in failed.items():
-            self.record_node(by_id[vm], NodeState.FAILED, reason=error)
+            self.record_node(by_id[vm], NodeState.FAILED, detail=error)
             self.store.add_event(self.cluster, "failure", f"{vm} did not come up and was terminated: {error}", vm)
         first_vm, first_error = next(iter(failed.items()))
         raise BootstrapError(

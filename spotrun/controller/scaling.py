@@ -9,11 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from spotrun.errors import MembershipError, NotFoundError, SpotrunError
-from spotrun.state.records import NodeRecord, NodeState
+from spotrun.state.records import NodeReason, NodeRecord, NodeState
 from spotrun.state.spec import recipe_from_spec
 from spotrun.state.store import Store
-
-DRAIN_REASON = "drain requested"
 
 
 @dataclass(frozen=True)
@@ -55,8 +53,9 @@ def set_target(store: Store, cluster: str, nodes: int) -> TargetChange:
     return TargetChange(cluster, before, nodes)
 
 
-def drain(store: Store, cluster: str, node: str, reason: str = DRAIN_REASON) -> NodeRecord:
-    """Mark `node` as `leaving` (the controller then moves its work off and terminates it).
+def drain(store: Store, cluster: str, node: str, detail: str = "") -> NodeRecord:
+    """Mark `node` as `leaving` with NodeReason.DRAIN (its agent leaves the training job, then the
+    controller terminates it); `detail` says why, for people.
 
     A compare-and-set on the node key, so a concurrent agent write is never lost. Idempotent: a
     node already leaving is returned unchanged, without a second event. Raises NotFoundError if the
@@ -75,8 +74,8 @@ def drain(store: Store, cluster: str, node: str, reason: str = DRAIN_REASON) -> 
                 f"node {node!r} of cluster {cluster!r} is already {record.state.value}",
                 hint="only live nodes can be drained",
             )
-        updated = replace(record, state=NodeState.LEAVING, reason=reason)
+        updated = replace(record, state=NodeState.LEAVING, reason=NodeReason.DRAIN, detail=detail)
         if store.cas_node(updated, revision):
-            store.add_event(cluster, "drain", f"{node}: {reason}", node)
+            store.add_event(cluster, "drain", f"{node}: {updated.reason_text}", node)
             return updated
     raise MembershipError(f"node {node!r} of cluster {cluster!r} kept changing while draining it", hint="try again")

@@ -36,8 +36,9 @@ without joining. SIGUSR1 = leave at the next rendezvous (when the local workers 
 removes itself and the launcher exits 0); SIGTERM = leave now (the node leaves the rendezvous at
 once, workers get SIGTERM, SIGKILL after 5 s, exit 0).
 
-Exit codes: 0 the job finished, or the node left (SIGUSR1/SIGTERM), or the rendezvous was closed
-because the job had finished; 1 workers failed for good or the rendezvous failed; 2 usage error.
+Exit codes (spotrun.node.protocol.ExitCode): 0 the job finished, or the node left (SIGUSR1/SIGTERM),
+or the rendezvous was closed because the job had finished; 1 workers failed for good or the
+rendezvous failed; 2 usage error.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from typing import Any
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402  pre-warm: forked workers inherit these modules
 import torch._dynamo  # noqa: E402
@@ -76,11 +77,10 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError  # no
 from torch.distributed.launcher.api import elastic_launch  # noqa: E402
 
 from spotrun.elastic import rendezvous  # noqa: E402
+from spotrun.node.protocol import CLUSTER_ENV, COLLECTIVE_TIMEOUT_ENV, NODE_ENV, ExitCode  # noqa: E402
 
-__all__ = ["COLLECTIVE_TIMEOUT_ENV", "LaunchPlan", "build_plan", "main"]
+__all__ = ["LaunchPlan", "build_plan", "main"]
 
-COLLECTIVE_TIMEOUT_ENV = "SPOTRUN_COLLECTIVE_TIMEOUT_S"
-EXIT_RESTART = 75  # a worker exiting with this asks every agent to re-rendezvous (trainer convention)
 MAX_RESTARTS = 1_000_000
 STANDBY_POLL_S = 0.02  # a parked spare notices its activation within this
 _log = logging.getLogger("spotrun.elastic.launcher")
@@ -148,8 +148,8 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         os.environ[COLLECTIVE_TIMEOUT_ENV] = str(opts.collective_timeout)
     else:
         os.environ.setdefault(COLLECTIVE_TIMEOUT_ENV, "60")
-    os.environ["SPOTRUN_NODE"] = opts.node
-    os.environ["SPOTRUN_CLUSTER"] = opts.cluster
+    os.environ[NODE_ENV] = opts.node
+    os.environ[CLUSTER_ENV] = opts.cluster
     conf = {
         "last_call_timeout": str(opts.last_call_timeout),
         "keep_alive_interval": "1",
@@ -269,29 +269,30 @@ def main(argv: list[str] | None = None) -> int:
     signals = _Signals()
     signals.install()
     signals.leave_requested |= bool(_early_signals)
-    code, closed = 1, False
+    code: int = ExitCode.FAILED  # or 128 + a signal's number, as a shell reports it
+    closed = False
     try:
         if _parked(plan, signals) or signals.leave_requested:
             _log.info("told to leave before joining")
-            return 0
+            return ExitCode.OK
         _launch(plan)
-        code, closed = 0, True
+        code, closed = ExitCode.OK, True
         _log.info("job finished")
     except SignalException as exc:
         if exc.sigval == signal.SIGTERM:
-            code = 0
+            code = ExitCode.OK
             _log.info("left the rendezvous on SIGTERM")
         else:
             code = 128 + int(exc.sigval)
     except RendezvousClosedError:
-        code = 0
+        code = ExitCode.OK
         _log.info("the rendezvous is closed: the job has finished")
     except ChildFailedError as exc:
         _log.error("workers failed: %s", exc)
     except Exception as exc:
         handler = rendezvous.current_handler()
         if handler is not None and handler.left and signals.leave_requested:
-            code = 0  # torch's agent returns None after RendezvousGracefulExitError and trips over it
+            code = ExitCode.OK  # torch's agent returns None after RendezvousGracefulExitError and trips over it
             _log.info("left the rendezvous at the next round (SIGUSR1)")
         else:
             _log.exception("launcher failed: %s", exc)

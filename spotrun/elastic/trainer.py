@@ -13,7 +13,7 @@ What it does for the script:
 - re-shards data from the global sample offset, so a resize neither skips nor repeats a sample;
 - "checkpoint now": when the node agent asks (a notice, a join, a drain), all ranks agree on it
   with one tiny all_reduce per step, rank 0 saves at that step boundary, and every worker exits
-  with EXIT_REFORM so torch elastic re-forms the group at the new size;
+  with ExitCode.REFORM so torch elastic re-forms the group at the new size;
 - emergency save: when a collective fails because a peer died, survivors save the last completed
   step (DDP replicas are identical) before exiting, so a hard kill loses no completed step;
 - periodic checkpoints written by a background thread; progress for `spotrun status` and the TUI.
@@ -21,13 +21,13 @@ What it does for the script:
 Configuration comes from arguments or from the environment the node agent sets:
 SPOTRUN_CHECKPOINT_DIR, SPOTRUN_CHECKPOINT_EVERY_STEPS, SPOTRUN_CHECKPOINT_EVERY_SECONDS,
 SPOTRUN_CHECKPOINT_KEEP, SPOTRUN_CONTROL_FILE, SPOTRUN_PROGRESS_FILE, SPOTRUN_COLLECTIVE_TIMEOUT_S,
-SPOTRUN_PEER_LOST_FILE.
+SPOTRUN_PEER_LOST_FILE (the files and exit codes are spotrun.node.protocol's).
 A checkpoint location may be a directory or an object-storage URL (s3://bucket/prefix).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import socket
 import sys
@@ -41,11 +41,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from spotrun.elastic import PEER_LOST_FILE_ENV, served_path
 from spotrun.elastic.checkpoint import files as checkpoint
 from spotrun.elastic.checkpoint import remote as remote_checkpoint
+from spotrun.node import protocol
 
-EXIT_REFORM = 75  # workers exit with this after an agreed checkpoint: "re-form the group", not a failure
 STORE_POLL_S = 0.01
 
 
@@ -84,12 +83,12 @@ class ElasticTrainer:
         self._init_group()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.total_steps, self.global_batch, self.dataset_len, self.seed = total_steps, global_batch, dataset_len, seed
-        location = str(checkpoint_dir or _env("SPOTRUN_CHECKPOINT_DIR", str, "checkpoints"))
+        location = str(checkpoint_dir or _env(protocol.CHECKPOINT_DIR_ENV, str, "checkpoints"))
         self._store = remote_checkpoint.module_for(location)  # a directory, or s3://... through libcloud
         self.checkpoint_dir = location if self._store is remote_checkpoint else Path(location)
-        self.every_steps = every_steps or _env("SPOTRUN_CHECKPOINT_EVERY_STEPS", int, None)
-        self.every_seconds = every_seconds or _env("SPOTRUN_CHECKPOINT_EVERY_SECONDS", float, None)
-        self.keep = keep or _env("SPOTRUN_CHECKPOINT_KEEP", int, 3)
+        self.every_steps = every_steps or _env(protocol.CHECKPOINT_EVERY_STEPS_ENV, int, None)
+        self.every_seconds = every_seconds or _env(protocol.CHECKPOINT_EVERY_SECONDS_ENV, float, None)
+        self.keep = keep or _env(protocol.CHECKPOINT_KEEP_ENV, int, 3)
         self.optimizer = optimizer
         self.raw_model = model
         self.model = torch.nn.parallel.DistributedDataParallel(model) if self.world_size > 1 else model
@@ -97,10 +96,10 @@ class ElasticTrainer:
         self.samples_seen = 0
         self._orders: dict[int, torch.Tensor] = {}
         self.resumed_from: int | None = None
-        self._control = _ControlFile(_env("SPOTRUN_CONTROL_FILE", Path, None))
+        self._control = protocol.ControlReader(_env(protocol.CONTROL_FILE_ENV, Path, None))
         # One reporter per node: local rank 0 (the agent publishes one progress record per node).
         local_zero = os.environ.get("LOCAL_RANK", "0") == "0"
-        self._progress = _ProgressFile(_env("SPOTRUN_PROGRESS_FILE", Path, None) if local_zero else None)
+        self._progress = _ProgressFile(_env(protocol.PROGRESS_FILE_ENV, Path, None) if local_zero else None)
         self._writer = _AsyncWriter()
         self._last_save_at = time.monotonic()
         self._flag = torch.zeros(1)
@@ -126,16 +125,16 @@ class ElasticTrainer:
 
     def step_done(self, loss: float | None = None) -> None:
         """Call after optimizer.step(): counts the step, reports progress, checkpoints when due,
-        and acts on an agreed "checkpoint now" (save, then exit EXIT_REFORM on every rank)."""
+        and acts on an agreed "checkpoint now" (save, then exit ExitCode.REFORM on every rank)."""
         self.step += 1
         self.samples_seen += self.global_batch
         self._progress.report(self.step, self.world_size, self.global_batch, loss)
         if self._agreed_checkpoint_now():
-            self._save_sync("agreed")
+            self._save_sync()
             self._control.served()
             dist.barrier()
             _say(f"checkpoint at step {self.step} agreed by all ranks; leaving for re-formation")
-            self._exit(EXIT_REFORM)
+            self._exit(protocol.ExitCode.REFORM)
         if self._periodic_due() and self.rank == 0:
             self._writer.submit(self._snapshot(), self._write_and_prune)
             self._last_save_at = time.monotonic()
@@ -212,7 +211,7 @@ class ElasticTrainer:
         self._store.prune(self.checkpoint_dir, self.keep)
         self._progress.checkpointed(manifest, took)
 
-    def _save_sync(self, why: str) -> None:
+    def _save_sync(self) -> None:
         self._writer.wait()
         if self.rank == 0:
             self._write_and_prune(self._snapshot())
@@ -235,13 +234,13 @@ class ElasticTrainer:
             f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
             f"saving completed step {self.step} before leaving"
         )
-        _mark_peer_lost()
+        protocol.mark_peer_lost()
         try:
             self._writer.wait()
             if self.step > 0:
                 self._write_and_prune(self._snapshot())
         finally:
-            self._exit(EXIT_REFORM)
+            self._exit(protocol.ExitCode.REFORM)
 
     @staticmethod
     def _exit(code: int) -> None:
@@ -253,7 +252,7 @@ class ElasticTrainer:
     @staticmethod
     def _init_group() -> None:
         if not dist.is_initialized():
-            timeout = timedelta(seconds=_env("SPOTRUN_COLLECTIVE_TIMEOUT_S", float, 60.0))
+            timeout = timedelta(seconds=_env(protocol.COLLECTIVE_TIMEOUT_ENV, float, 60.0))
             if _env("RANK", int, 0) != 0 and "MASTER_ADDR" in os.environ:
                 _wait_for_store(os.environ["MASTER_ADDR"], _env("MASTER_PORT", int, 0), timeout.total_seconds())
             dist.init_process_group("gloo", timeout=timeout)
@@ -273,69 +272,14 @@ def _wait_for_store(host: str, port: int, timeout: float) -> None:
             time.sleep(STORE_POLL_S)
 
 
-def _mark_peer_lost() -> None:
-    """Tell the launcher (through a file: a forked worker must not use gRPC) that a peer died, so
-    it reports the loss as it re-joins the rendezvous. Best effort."""
-    path = os.environ.get(PEER_LOST_FILE_ENV)
-    if path:
-        try:
-            Path(path).touch()
-        except OSError:
-            pass
-
-
 def _is_peer_failure(exc: BaseException) -> bool:
     """Errors a dead or departed peer causes in gloo collectives (not bugs in the script)."""
-    if isinstance(exc, getattr(dist, "DistBackendError", ())) or isinstance(exc, getattr(dist, "DistNetworkError", ())):
+    if isinstance(exc, (getattr(dist, "DistBackendError", ()), getattr(dist, "DistNetworkError", ()))):
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(
         marker in text for marker in ("gloo", "connection closed", "connection reset", "broken pipe", "timed out")
     )
-
-
-class _ControlFile:
-    """The node agent's requests: a JSON file whose `seq` grows with each "checkpoint now".
-
-    The seq last acted upon is kept beside it (`<file>.served`), so a request that arrives while
-    workers start (a node joining during a re-formation) is still honoured by the new workers.
-    """
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._mtime = 0.0
-        self._served = served_path(path) if path else None
-        self._baseline = self._read_served()
-
-    def _read_served(self) -> int:
-        try:
-            return int(self._served.read_text()) if self._served else 0
-        except (OSError, ValueError):
-            return 0
-
-    def served(self) -> None:
-        """Record that the newest request was acted upon (called before the workers exit)."""
-        if self._served is not None:
-            tmp = self._served.with_name(f".{self._served.name}.{os.getpid()}")
-            tmp.write_text(str(self._seq()))
-            os.replace(tmp, self._served)
-
-    def _seq(self) -> int:
-        try:
-            self._mtime = self.path.stat().st_mtime if self.path else 0.0
-            return int(json.loads(self.path.read_text()).get("seq", 0)) if self.path else 0
-        except (OSError, ValueError):
-            return 0
-
-    def requested(self) -> bool:
-        if self.path is None:
-            return False
-        try:
-            if self.path.stat().st_mtime == self._mtime:
-                return False  # the common case: one stat() per step, no read
-        except OSError:
-            return False
-        return self._seq() > self._baseline
 
 
 class _ProgressFile:
@@ -345,8 +289,9 @@ class _ProgressFile:
         self.path, self.min_interval = path, min_interval
         self._last_write = 0.0
         self._window: tuple[float, int] | None = None
-        self._checkpoint: dict[str, Any] | None = None
-        self._data: dict[str, Any] = {}
+        # Two fields, each replaced whole: the checkpoint writer thread sets one, the training loop the other.
+        self._latest = protocol.ProgressReport()
+        self._checkpoint: protocol.CheckpointReport | None = None
 
     def report(self, step: int, world_size: int, global_batch: int, loss: float | None) -> None:
         now = time.monotonic()
@@ -356,34 +301,21 @@ class _ProgressFile:
         rate = (step - start_step) * global_batch / (now - start) if now > start else 0.0
         if now - start > 5.0:
             self._window = (now, step)
-        self._data = {
-            "step": step,
-            "world_size": world_size,
-            "samples_per_s": round(rate, 2),
-            "loss": loss,
-            "heartbeat_at": time.time(),
-        }
+        self._latest = protocol.ProgressReport(step, world_size, round(rate, 2), loss, time.time())
         if now - self._last_write >= self.min_interval:
             self._flush()
 
     def checkpointed(self, manifest: checkpoint.Manifest, seconds: float) -> None:
-        self._checkpoint = {
-            "step": manifest.step,
-            "path": manifest.path,
-            "bytes": manifest.bytes,
-            "sha256": manifest.sha256,
-            "written_at": manifest.written_at,
-            "seconds": round(seconds, 4),
-        }
+        self._checkpoint = protocol.CheckpointReport(
+            manifest.step, manifest.path, manifest.bytes, manifest.sha256, manifest.written_at, round(seconds, 4)
+        )
         self._flush()
 
     def _flush(self) -> None:
         if self.path is None:
             return
         self._last_write = time.monotonic()
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({**self._data, "checkpoint": self._checkpoint}))
-        os.replace(tmp, self.path)
+        protocol.write_progress(self.path, dataclasses.replace(self._latest, checkpoint=self._checkpoint))
 
 
 class _AsyncWriter:

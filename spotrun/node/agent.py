@@ -22,8 +22,9 @@ from pathlib import Path
 
 from spotrun import log
 from spotrun.errors import ControlPlaneError, SpotrunError
+from spotrun.node.protocol import ControlCommand, ExitCode
 from spotrun.state.etcd import LeaseKeeper
-from spotrun.state.records import NodeRecord, NodeState, Notice, decode
+from spotrun.state.records import NodeReason, NodeRecord, NodeState, Notice, decode
 from spotrun.state.store import Store, connect
 from spotrun.state.watch import WatchEvent
 
@@ -31,8 +32,6 @@ _log = log.get("agent")
 
 DEFAULT_LEAVE_MARGIN_S = 5.0  # before the deadline, until a checkpoint of this job has been timed
 MIN_LEAVE_MARGIN_S = 1.5  # the agreed checkpoint waits for a step boundary, then the group re-forms
-LEFT_REASON = "left the training job"  # the controller terminates a node in this state
-FINISHED_REASON = "training finished"  # the job is over: the controller launches nothing more
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ class Agent:
         """Register, then hold liveness, watch for notices, drains and joins until stopped. Blocks."""
         cluster, node = self.config.cluster, self.config.node
         self._keep_alive()
-        self._set_state(NodeState.RUNNING, "agent registered")
+        self._set_state(NodeState.RUNNING, detail="agent registered")
         self.store.add_event(cluster, "join", f"agent on {node} registered (pid {os.getpid()})", node)
         _log.info("registered", extra=log.kv(cluster=cluster, node=node, ttl=self.config.ttl))
         threading.Thread(target=self._watch_notice, name="notice", daemon=True).start()
@@ -126,9 +125,11 @@ class Agent:
                 standby=standby,
             )
         if standby:
-            self._guard(lambda: self._set_state(NodeState.RUNNING, "warm spare, parked outside the training job"))
+            self._guard(
+                lambda: self._set_state(NodeState.RUNNING, detail="warm spare, parked outside the training job")
+            )
         self._publisher = ProgressPublisher(
-            self.store, self.config.cluster, self.config.node, self._launcher.progress_path
+            self.store, self.config.cluster, self.config.node, self._launcher.files.progress
         )
         self._launcher.start()
         _log.info("launcher started", extra=log.kv(run=spec.run, nnodes=spec.nnodes))
@@ -157,13 +158,13 @@ class Agent:
     def _on_launcher_exit(self, code: int, leaving: bool) -> bool:
         """Record why the launcher stopped; True when the job is finished for this node."""
         node = self.config.node
-        if code == 0 and leaving:
-            self._guard(lambda: self._set_state(NodeState.LEAVING, LEFT_REASON))
+        if code == ExitCode.OK and leaving:
+            self._guard(lambda: self._set_state(NodeState.LEAVING, NodeReason.LEFT))
             self._event("leave", f"{node} left the training job")
             return True
-        if code == 0:
+        if code == ExitCode.OK:
             self._event("finished", f"{node}: training job finished")
-            self._guard(lambda: self._set_state(NodeState.RUNNING, FINISHED_REASON))
+            self._guard(lambda: self._set_state(NodeState.RUNNING, NodeReason.FINISHED))
             return True
         self._event("failure", f"{node}: launcher exited with code {code}; restarting")
         return False
@@ -180,7 +181,7 @@ class Agent:
             activated = self._launcher is not None and self._launcher.activate()
         if activated:
             _log.info("warm spare activated")
-            self._guard(lambda: self._set_state(NodeState.RUNNING, "warm spare activated"))
+            self._guard(lambda: self._set_state(NodeState.RUNNING, detail="warm spare activated"))
 
     def _on_waiting(self, kind: str, joiner: str) -> None:
         """Another node waits to join: checkpoint at the next step so the group re-forms with it.
@@ -191,7 +192,7 @@ class Agent:
         if kind == "delete":
             # The joiner got into a re-formation (or went away) before our workers acted on its
             # join request: new workers must not restart once more for it.
-            if joiner != self.config.node and self._launcher.control.withdraw(f"join:{joiner}"):
+            if joiner != self.config.node and self._launcher.control.withdraw(ControlCommand.JOIN, joiner):
                 _log.info("join request withdrawn: the node is no longer waiting", extra=log.kv(joiner=joiner))
             return
         if kind != "put":
@@ -208,7 +209,7 @@ class Agent:
         if self._noticed.is_set():
             self._leave(f"swapping with joining node {joiner}")
             return
-        seq = self._launcher.control.request(f"join:{joiner}")
+        seq = self._launcher.control.request(ControlCommand.JOIN, joiner)
         _log.info("join pending; checkpoint requested", extra=log.kv(joiner=joiner, seq=seq))
 
     # -- leaving: notices and drains ------------------------------------------------------------
@@ -227,7 +228,9 @@ class Agent:
         self._noticed.set()
         self._retry(lambda: self.store.put_notice(self.config.cluster, record))
         left = max(0.0, notice.deadline - time.time())
-        self._guard(lambda: self._set_state(NodeState.NOTICE, f"{notice.source} preemption notice, {left:.0f} s left"))
+        self._guard(
+            lambda: self._set_state(NodeState.NOTICE, detail=f"{notice.source} preemption notice, {left:.0f} s left")
+        )
         self._event("notice", f"{self.config.node}: {notice.source} preemption notice, {left:.0f} s left")
         if self._parked():
             self._leave("preemption notice on a warm spare")  # nothing to hand over
@@ -255,21 +258,22 @@ class Agent:
             record = decode(NodeRecord, event.value)
         except (ValueError, TypeError):
             return
-        if record.state == NodeState.LEAVING and record.reason.startswith("drain"):
-            self._leave(record.reason)
+        if record.state == NodeState.LEAVING and record.reason is NodeReason.DRAIN:
+            self._leave(record.reason_text, NodeReason.DRAIN)
 
-    def _leave(self, why: str) -> None:
+    def _leave(self, why: str, reason: NodeReason = NodeReason.NONE) -> None:
+        """Checkpoint and leave the training job (once); `reason` is recorded with `why` (a drain stays one)."""
         with self._leave_once:
             if self._left:
                 return
             self._left = True
         self._event("leaving", f"{self.config.node} leaving: {why}")
-        self._guard(lambda: self._set_state(NodeState.LEAVING, why))
+        self._guard(lambda: self._set_state(NodeState.LEAVING, reason, why))
         if self._launcher is not None:
             self._launcher.leave()  # first, so the launcher does not rejoin after the workers exit
-            self._launcher.control.request(f"leave:{self.config.node}")
+            self._launcher.control.request(ControlCommand.LEAVE, self.config.node)
         else:  # nothing to hand over: the node can go at once
-            self._guard(lambda: self._set_state(NodeState.LEAVING, LEFT_REASON))
+            self._guard(lambda: self._set_state(NodeState.LEAVING, NodeReason.LEFT))
 
     # -- etcd helpers ---------------------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
@@ -300,19 +304,21 @@ class Agent:
         except ControlPlaneError as exc:
             _log.warning("etcd unreachable", extra=log.kv(error=exc))
 
-    def _set_state(self, state: NodeState, reason: str) -> None:
+    def _set_state(self, state: NodeState, reason: NodeReason = NodeReason.NONE, detail: str = "") -> None:
+        """Update this node's record (the controller wrote it, with its provider, before bootstrap;
+        an agent started by hand for a node without one writes a minimal record)."""
         cluster, node = self.config.cluster, self.config.node
         current = self.store.get_node(cluster, node) or NodeRecord(
             id=node,
             cluster=cluster,
-            provider=os.environ.get("SPOTRUN_PROVIDER", "unknown"),
+            provider="unknown",
             zone="",
             instance_type="",
             price_per_hour=0.0,
             on_demand_per_hour=0.0,
             launched_at=time.time(),
         )
-        self.store.put_node(dataclasses.replace(current, state=state, reason=reason))
+        self.store.put_node(dataclasses.replace(current, state=state, reason=reason, detail=detail))
 
 
 def _checkpoint_location(root: Path, directory: str | None):

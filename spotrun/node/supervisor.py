@@ -1,15 +1,12 @@
 """The node agent's training side: run the elastic launcher, ask for checkpoints, publish progress.
 
-The agent talks to its workers only through two small files (workers must not share the
-agent's gRPC connection, and a file costs one stat() per step):
-- the control file: `{"seq": n, "reason": ...}`; a higher seq asks for an agreed checkpoint
-  at the next step boundary, after which every worker exits with EXIT_REFORM;
-- the progress file: the trainer's latest step, throughput, loss and newest checkpoint.
+The agent talks to its workers only through small files (the control file to ask for an agreed
+checkpoint, the progress file the trainer writes); spotrun.node.protocol defines them.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import shlex
 import signal
@@ -21,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spotrun import log
-from spotrun.elastic import PEER_LOST_FILE_ENV, served_path
+from spotrun.node import protocol
 from spotrun.state.records import CheckpointRecord, Progress
 
 _log = log.get("supervisor")
@@ -45,43 +42,6 @@ class TrainSpec:
     expected_nodes: int | None = None  # the cluster's target: the first rendezvous round waits for it
 
 
-class ControlFile:
-    """Writes "checkpoint now" requests for the trainer; seq only grows."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-
-    def request(self, reason: str) -> int:
-        with self._lock:
-            try:
-                seq = int(json.loads(self.path.read_text()).get("seq", 0)) + 1
-            except (OSError, ValueError):
-                seq = 1
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"seq": seq, "reason": reason, "at": time.time()}))
-            os.replace(tmp, self.path)
-            return seq
-
-    def withdraw(self, reason: str) -> bool:
-        """Mark the newest request served if it is the only one pending and was made for `reason`
-        (a join whose node got into a re-formation anyway): workers starting now then skip a
-        checkpoint-and-restart that would admit nobody. True if withdrawn."""
-        served = served_path(self.path)  # the trainer's record
-        with self._lock:
-            try:
-                newest = json.loads(self.path.read_text())
-                done = int(served.read_text()) if served.exists() else 0
-            except (OSError, ValueError):
-                return False
-            if newest.get("reason") != reason or int(newest.get("seq", 0)) != done + 1:
-                return False
-            tmp = served.with_name(f".{served.name}.agent")
-            tmp.write_text(str(done + 1))
-            os.replace(tmp, served)
-            return True
-
-
 class Launcher:
     """Supervises `python -m spotrun.elastic.launcher`: restarts it while the node should train."""
 
@@ -97,15 +57,13 @@ class Launcher:
         standby: bool = False,
     ) -> None:
         self.cluster, self.node, self.endpoints, self.spec = cluster, node, endpoints, spec
-        self.state_dir = state_dir
+        self.files = protocol.NodeFiles(state_dir)
         # A warm spare's launcher waits outside the job while this file exists (see activate()).
-        self.standby_file = state_dir / "standby"
         if standby:
-            self.standby_file.touch()
+            self.files.standby.touch()
         else:
-            self.standby_file.unlink(missing_ok=True)
-        self.control = ControlFile(state_dir / "control.json")
-        self.progress_path = state_dir / "progress.json"
+            self.files.standby.unlink(missing_ok=True)
+        self.control = protocol.ControlWriter(self.files.control)
         self.log_path = state_dir / "train.log"
         self._on_exit = on_exit
         self._proc: subprocess.Popen[bytes] | None = None
@@ -118,12 +76,12 @@ class Launcher:
 
     @property
     def parked(self) -> bool:
-        return self.standby_file.exists()
+        return self.files.standby.exists()
 
     def activate(self) -> bool:
         """A warm spare joins the training job now; False if it was not parked."""
         try:
-            self.standby_file.unlink()
+            self.files.standby.unlink()
         except FileNotFoundError:
             return False
         return True
@@ -162,7 +120,7 @@ class Launcher:
             "--run-id",
             self.cluster,
             "--standby-file",
-            str(self.standby_file),
+            str(self.files.standby),
         ]
         for endpoint in self.endpoints:
             argv += ["--etcd", endpoint]
@@ -170,7 +128,7 @@ class Launcher:
             argv += ["--local-addr", self.spec.local_addr]
         if self.spec.expected_nodes:
             argv += ["--rdzv-conf", f"expected_nodes={self.spec.expected_nodes}"]
-        return argv + ["--", *shlex.split(self.spec.run)]
+        return [*argv, "--", *shlex.split(self.spec.run)]
 
     def _env(self) -> dict[str, str]:
         # PYTHONSAFEPATH: `-m` must not import a `spotrun` directory from the workdir.
@@ -178,17 +136,17 @@ class Launcher:
             **os.environ,
             **self.spec.env,
             "PYTHONSAFEPATH": "1",
-            "SPOTRUN_CONTROL_FILE": str(self.control.path),
-            "SPOTRUN_PROGRESS_FILE": str(self.progress_path),
-            "SPOTRUN_CLUSTER": self.cluster,
-            PEER_LOST_FILE_ENV: str(self.state_dir / "peer_lost"),
-            "SPOTRUN_NODE_ID": self.node,
-            "SPOTRUN_CHECKPOINT_KEEP": str(self.spec.keep),
+            protocol.CONTROL_FILE_ENV: str(self.files.control),
+            protocol.PROGRESS_FILE_ENV: str(self.files.progress),
+            protocol.CLUSTER_ENV: self.cluster,
+            protocol.PEER_LOST_FILE_ENV: str(self.files.peer_lost),
+            protocol.NODE_ID_ENV: self.node,
+            protocol.CHECKPOINT_KEEP_ENV: str(self.spec.keep),
         }
         optional = {
-            "SPOTRUN_CHECKPOINT_DIR": self.spec.checkpoint_dir,
-            "SPOTRUN_CHECKPOINT_EVERY_STEPS": self.spec.every_steps,
-            "SPOTRUN_CHECKPOINT_EVERY_SECONDS": self.spec.every_seconds,
+            protocol.CHECKPOINT_DIR_ENV: self.spec.checkpoint_dir,
+            protocol.CHECKPOINT_EVERY_STEPS_ENV: self.spec.every_steps,
+            protocol.CHECKPOINT_EVERY_SECONDS_ENV: self.spec.every_seconds,
         }
         env.update({k: str(v) for k, v in optional.items() if v is not None})
         return env
@@ -228,34 +186,25 @@ class ProgressPublisher:
         self._last_checkpoint: int | None = None
 
     def publish_once(self) -> None:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+        """Publish what changed since the last call. Raises ControlPlaneError if etcd is unreachable."""
+        report = protocol.read_progress(self.path)
+        if report is None:
             return
-        if data.get("step") is not None and data["step"] != self._last_step:
+        if report.step is not None and report.step != self._last_step:
             self.store.put_progress(
                 self.cluster,
                 Progress(
                     node=self.node,
-                    step=int(data["step"]),
-                    samples_per_s=float(data.get("samples_per_s") or 0.0),
-                    world_size=int(data.get("world_size") or 0),
-                    heartbeat_at=float(data.get("heartbeat_at") or time.time()),
-                    loss=data.get("loss"),
+                    step=report.step,
+                    samples_per_s=report.samples_per_s,
+                    world_size=report.world_size,
+                    heartbeat_at=report.heartbeat_at,
+                    loss=report.loss,
                 ),
             )
-            self._last_step = data["step"]
-        checkpoint = data.get("checkpoint")
-        if checkpoint and checkpoint.get("step") != self._last_checkpoint:
-            self.store.put_checkpoint(
-                self.cluster,
-                CheckpointRecord(
-                    step=int(checkpoint["step"]),
-                    path=checkpoint["path"],
-                    bytes=int(checkpoint["bytes"]),
-                    sha256=checkpoint["sha256"],
-                    written_at=float(checkpoint["written_at"]),
-                    seconds=float(checkpoint.get("seconds") or 0.0),
-                ),
-            )
-            self._last_checkpoint = checkpoint["step"]
+            self._last_step = report.step
+        checkpoint = report.checkpoint
+        if checkpoint is not None and checkpoint.step != self._last_checkpoint:
+            # CheckpointReport is CheckpointRecord's twin (the protocol may not import state/).
+            self.store.put_checkpoint(self.cluster, CheckpointRecord(**dataclasses.asdict(checkpoint)))
+            self._last_checkpoint = checkpoint.step

@@ -33,6 +33,18 @@ class NodeState(str, enum.Enum):
         return self in (NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.FAILED)
 
 
+class NodeReason(str, enum.Enum):
+    """Why a node is in its state, where that drives behaviour: compare these, never `NodeRecord.detail`.
+
+    The values are the texts records carried before this enum existed, so the etcd JSON keeps them.
+    """
+
+    NONE = ""  # nothing to act on (the detail may say more)
+    DRAIN = "drain requested"  # LEAVING: asked to leave (scale-down, TUI, a ready replacement); the agent leaves
+    LEFT = "left the training job"  # LEAVING: out of the job; the controller terminates the VM
+    FINISHED = "training finished"  # RUNNING: the job is over; the controller launches nothing more
+
+
 @dataclass(frozen=True)
 class NodeRecord:
     """One instance of a cluster (`/spotrun/<cluster>/nodes/<id>`)."""
@@ -47,13 +59,25 @@ class NodeRecord:
     ip: str | None = None
     ssh_port: int = 22
     state: NodeState = NodeState.BOOTING
-    reason: str = ""
+    reason: NodeReason = NodeReason.NONE
+    detail: str = ""  # why, for people (status, the TUI): behaviour never depends on it
     launched_at: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.state, NodeState):
             object.__setattr__(self, "state", NodeState(self.state))
+        if not isinstance(self.reason, NodeReason):
+            try:
+                object.__setattr__(self, "reason", NodeReason(self.reason))
+            except ValueError:  # free text, as records held before NodeReason: it is the detail
+                object.__setattr__(self, "detail", self.detail or self.reason)
+                object.__setattr__(self, "reason", NodeReason.NONE)
+
+    @property
+    def reason_text(self) -> str:
+        """Why, for people: the detail, else the reason's own text."""
+        return self.detail or self.reason.value
 
 
 @dataclass(frozen=True)

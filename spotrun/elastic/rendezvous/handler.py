@@ -24,7 +24,7 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousSettings
 
 from spotrun import log
-from spotrun.elastic import PEER_LOST_FILE_ENV
+from spotrun.node.protocol import PEER_LOST_FILE_ENV
 from spotrun.elastic.rendezvous import torch_patches
 from spotrun.elastic.rendezvous.backend import BACKEND_NAME, EtcdRendezvousBackend, connection_error
 from spotrun.elastic.rendezvous.fork_guard import in_forked_child
