@@ -146,16 +146,13 @@ def _left(deadline: float) -> str:
     return f"{max(0, int(deadline - time.time()))}s"
 
 
-def format_event(event) -> str:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.at))
-    return f"{event.seq:>5} {stamp} {event.kind:<9} {event.message}"
-
-
 def follow_events(
     store: Store, cluster: str, emit, *, since: int = 0, until_finished: bool = False, poll_s: float = 0.5
 ) -> None:
     """Print the cluster's events as they come (blocks; Ctrl-C ends it). With `until_finished`,
     return once the training job finished on every live node or the cluster was stopped."""
+    from spotrun.client.console import format_event
+
     while True:
         for event in store.list_events(cluster, since=since):
             emit(format_event(event))
