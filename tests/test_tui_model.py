@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 from spotrun.tui.feed import LatestSlot
-from spotrun.tui.model import ClusterState, Snapshot, arrange, fmt_duration, total_steps
+from spotrun.tui.model import ClusterState, Snapshot, arrange, total_steps
 
 from spotrun.controller import scaling
 from spotrun.errors import NotFoundError, SpotrunError
+from spotrun.fmt import duration
 from spotrun.state.records import CheckpointRecord, NodeRecord, NodeState, Notice, Progress, encode
 from spotrun.state.store import WatchEvent, key
 
@@ -136,7 +137,7 @@ def test_latest_slot_keeps_only_the_newest():
 def test_helpers():
     assert total_steps({"run": "torchrun x.py --max-steps=500"}) == 500
     assert total_steps({"run": "python x.py"}) is None
-    assert fmt_duration(59) == "0m59s" and fmt_duration(3700) == "1h01m" and fmt_duration(None) == "-"
+    assert duration(59) == "0m59s" and duration(3700) == "1h01m" and duration(None) == "-"
 
 
 # --- spotrun.controller.scaling against the real etcd ---------------------------------------------------

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotrun.fmt import duration
 from spotrun.state.ledger import CostSummary, summarize
 from spotrun.state.records import (
     CheckpointRecord,
@@ -66,7 +67,7 @@ class WorkerRow:
             f"{self.provider}/{self.zone}" if self.zone else self.provider,
             self.instance_type or "-",
             state,
-            fmt_duration(self.uptime_s),
+            duration(self.uptime_s),
             rate,
             f"{self.price_per_hour:.3f}",
         )
@@ -384,17 +385,6 @@ class ClusterState:
 
 
 # --- formatting shared by the widgets -------------------------------------------------------
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s >= 86400:
-        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s"
 
 
 def fmt_bytes(n: int) -> str:

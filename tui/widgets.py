@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from spotrun.tui.model import COLUMNS, Snapshot, WorkerRow, arrange, fmt_bytes, fmt_count, fmt_duration
+from spotrun.tui.model import COLUMNS, Snapshot, WorkerRow, arrange, fmt_bytes, fmt_count
 from textual import events
 from textual.binding import Binding
 from textual.cache import LRUCache
@@ -20,6 +20,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
+
+from spotrun.fmt import duration
 
 # Minimum widths of the columns; spare width goes to the first two.
 _WIDTHS = (12, 13, 10, 12, 7, 7, 7)
@@ -255,7 +257,7 @@ def training_text(snap: Snapshot) -> Text:
     text.append("\nworld ", "dim").append("-" if t.world_size is None else str(t.world_size))
     text.append("  loss ", "dim").append("-" if t.loss is None else f"{t.loss:.4g}")
     text.append("\n").append(fmt_count(t.samples_per_s)).append(" smp/s", "dim")
-    text.append("  ETA ", "dim").append(fmt_duration(t.eta_s))
+    text.append("  ETA ", "dim").append(duration(t.eta_s))
     return text
 
 
@@ -290,7 +292,7 @@ def checkpoint_text(snap: Snapshot) -> Text:
         return text.append("no checkpoint yet", "dim")
     warn = "bold yellow" if c.stale else ""
     text.append("step ", "dim").append(f"{c.latest.step:,}", warn).append(f" ({c.count} kept)", "dim")
-    text.append("\nage ", "dim").append(fmt_duration(c.age_s), warn)
+    text.append("\nage ", "dim").append(duration(c.age_s), warn)
     if c.stale:
         text.append(" overdue", warn)
     text.append("\n").append(fmt_bytes(c.latest.bytes)).append("  ")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from spotrun.fmt import duration
 from spotrun.state.ledger import summarize
 from spotrun.state.records import to_dict
 from spotrun.state.store import Store
@@ -98,7 +99,7 @@ def render(statuses: list[dict[str, Any]]) -> None:
                 node["instance_type"],
                 state,
                 "yes" if node["alive"] else "no",
-                _duration(node["uptime_s"]),
+                duration(node["uptime_s"]),
                 f"{node['price_per_hour']:.4f}",
             )
         console.out.print(table)
@@ -131,15 +132,6 @@ def render(statuses: list[dict[str, Any]]) -> None:
 
 
 _GONE = ("preempted", "terminated", "failed")
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    return (
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-    )
 
 
 def _left(deadline: float) -> str:
