@@ -44,8 +44,6 @@ import heapq
 import json
 import math
 import os
-import re
-import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -65,6 +63,7 @@ from spotrun.controller.plan import (
     plan,
 )
 from spotrun.errors import SpotrunError
+from spotrun.recipe.run_command import steps_from_run
 from spotrun.simulate.traces import Trace
 from spotrun.state.ledger import summarize
 from spotrun.state.records import LedgerSegment
@@ -85,7 +84,6 @@ __all__ = [
     "render_table",
     "run_simulation",
     "simulate",
-    "steps_from_run",
     "terminal_chart",
     "to_json",
     "write_chart",
@@ -244,21 +242,6 @@ def record_figures(updates: Mapping[str, Any], path: Path | str | None = None) -
     tmp.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
     tmp.replace(file)
     return file
-
-
-def steps_from_run(run: str) -> int | None:
-    """The `--steps N` (or `--steps=N`) of a recipe's run command, if any."""
-    try:
-        words = shlex.split(run)
-    except ValueError:
-        words = run.split()
-    for i, word in enumerate(words):
-        if word == "--steps" and i + 1 < len(words) and words[i + 1].isdigit():
-            return int(words[i + 1])
-        match = re.fullmatch(r"--steps=(\d+)", word)
-        if match:
-            return int(match.group(1))
-    return None
 
 
 # -- results ----------------------------------------------------------------------------------------
