@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotrun.client.api import steps_from_run
 from spotrun.fmt import duration
 from spotrun.state.ledger import CostSummary, summarize
 from spotrun.state.records import (
@@ -187,13 +188,9 @@ def _progress(raw: bytes) -> Progress:
     return Progress(**{k: data[k] for k in _PROGRESS_FIELDS if k in data})
 
 
-_STEPS = re.compile(r"--(?:max[-_])?steps[= ](\d+)")
-
-
 def total_steps(spec: dict[str, Any] | None) -> int | None:
     """The run's step goal: a `--steps N` / `--max-steps N` in the recipe's run command, else None."""
-    found = _STEPS.search(str((spec or {}).get("run", "")))
-    return int(found.group(1)) if found else None
+    return steps_from_run(str((spec or {}).get("run", "")))
 
 
 class ClusterState:

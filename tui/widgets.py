@@ -7,12 +7,14 @@ rendered line by its content, and after an update repaints only the lines whose 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from spotrun.tui.model import COLUMNS, Snapshot, WorkerRow, arrange, fmt_bytes, fmt_count
 from textual import events
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.message import Message
@@ -32,8 +34,8 @@ _TONES = ("running", "standby", "booting", "notice", "leaving", "gone")
 class WorkersTable(ScrollView, can_focus=True):
     """The worker rows, sortable (`o`, `r`, or a click on a header) and filterable (the app's `/`)."""
 
-    COMPONENT_CLASSES = {"workers--header", "workers--cursor", *(f"workers--{t}" for t in _TONES)}
-    BINDINGS = [
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"workers--header", "workers--cursor", *(f"workers--{t}" for t in _TONES)}
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up", "cursor(-1)", "Up", show=False),
         Binding("down", "cursor(1)", "Down", show=False),
         Binding("pageup", "cursor(-10)", show=False),
@@ -219,7 +221,7 @@ class WorkersTable(ScrollView, can_focus=True):
 
     def _strip(self, cells, style: Style, width: int) -> Strip:
         parts = []
-        for i, (cell, w) in enumerate(zip(cells, self._widths)):
+        for i, (cell, w) in enumerate(zip(cells, self._widths, strict=False)):
             text = cell if len(cell) <= w else cell[: w - 1] + "…"
             parts.append(text.rjust(w) if i in _RIGHT else text.ljust(w))
         line = " ".join(parts)
@@ -278,7 +280,7 @@ def costs_text(snap: Snapshot) -> Text:
         text.append("no budget cap", "dim")
     else:
         bar = 8
-        full = min(bar, int(round(used * bar)))
+        full = min(bar, round(used * bar))
         colour = "green" if used < 0.75 else ("yellow" if used < 0.9 else "bold red")
         text.append("budget ", "dim").append("█" * full, colour).append("░" * (bar - full), "dim")
         text.append(f" {used * 100:.0f}%", colour)
