@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
+from polling import wait_until
 
 from spotrun.errors import ControlPlaneError
 from spotrun.state import etcd_server as etcd_mod
@@ -23,15 +23,6 @@ from spotrun.state.records import (
     encode,
 )
 from spotrun.state.store import Store, WatchEvent
-
-
-def _wait(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _node(cluster: str, node_id: str, state: NodeState = NodeState.RUNNING) -> NodeRecord:
@@ -201,7 +192,7 @@ def test_lease_keepalive_keeps_key_and_expiry_removes_it(store: Store, cluster: 
     finally:
         keeper.stop(revoke=False)  # as if the agent died
     stopped = time.monotonic()
-    assert _wait(lambda: store.list_alive(cluster) == set(), timeout=ttl + 3)
+    assert wait_until(lambda: store.list_alive(cluster) == set(), timeout=ttl + 3)
     assert time.monotonic() - stopped > 0.5  # it expired, it was not revoked
 
 
@@ -235,10 +226,10 @@ def test_watch_sees_put_and_delete_and_reports_latency(store: Store, cluster: st
             k = f"{prefix}progress/lat{i}"
             t0 = time.perf_counter()
             store.put(k, b"x")
-            assert _wait(lambda: k in seen.arrived, 5.0), f"watch never saw {k}"
+            assert wait_until(lambda: k in seen.arrived, 5.0), f"watch never saw {k}"
             latencies.append(seen.arrived[k] - t0)
         store.delete(f"{prefix}progress/lat0")
-        assert _wait(lambda: seen.events[-1].kind == "delete", 5.0)
+        assert wait_until(lambda: seen.events[-1].kind == "delete", 5.0)
     finally:
         handle.cancel()
     latencies.sort()
@@ -254,7 +245,7 @@ def test_watch_from_revision_replays_history(store: Store, cluster: str) -> None
     seen = _Collector()
     handle = store.watch_prefix(prefix, seen, start_revision=first)
     try:
-        assert _wait(lambda: len(seen.events) == 2)
+        assert wait_until(lambda: len(seen.events) == 2)
     finally:
         handle.cancel()
     assert [e.key for e in seen.events] == [prefix + "a", prefix + "b"]
@@ -280,9 +271,9 @@ def test_watch_resyncs_after_compaction(store: Store, cluster: str) -> None:
     seen = _Collector()
     handle = store.watch_prefix(prefix, seen, start_revision=start)
     try:
-        assert _wait(lambda: len(seen.events) >= 3)
+        assert wait_until(lambda: len(seen.events) >= 3)
         store.put(prefix + "nodes/c", b"4")
-        assert _wait(lambda: any(e.key.endswith("/c") for e in seen.events))
+        assert wait_until(lambda: any(e.key.endswith("/c") for e in seen.events))
     finally:
         handle.cancel()
     kinds = [(e.kind, e.key.rsplit("/", 1)[-1], e.value) for e in seen.events]
@@ -299,7 +290,7 @@ def test_watch_resumes_after_etcd_restart(etcd_process: etcd_mod.EtcdProcess, cl
     try:
         for i in range(3):
             written.append(st.put(f"{prefix}nodes/before{i}", str(i)))
-        assert _wait(lambda: len(seen.events) == 3)
+        assert wait_until(lambda: len(seen.events) == 3)
 
         etcd_process.stop()
         time.sleep(0.5)  # the watcher notices and starts retrying
@@ -311,8 +302,8 @@ def test_watch_resumes_after_etcd_restart(etcd_process: etcd_mod.EtcdProcess, cl
             for i in range(3):
                 written.append(other.put(f"{prefix}nodes/after{i}", str(i)))
         # And the original client recovers as well (its endpoint may be marked failed for ~1 s).
-        assert _wait(lambda: _try_put(st, f"{prefix}nodes/late", written), timeout=10)
-        assert _wait(lambda: len(seen.events) >= len(written), timeout=10), (written, seen.events)
+        assert wait_until(lambda: _try_put(st, f"{prefix}nodes/late", written), timeout=10)
+        assert wait_until(lambda: len(seen.events) >= len(written), timeout=10), (written, seen.events)
         time.sleep(0.2)
     finally:
         handle.cancel()
