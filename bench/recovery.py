@@ -61,12 +61,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit
+from _shared import local_recipe, wait_until
+from _steps import Kind, Line, Timeline
 from _workdir import job_workdir, make_data
 
 from spotrun.controller.bootstrap import QuietReporter
@@ -75,125 +76,7 @@ CLUSTER = "recovery"
 CASES = ("notice", "hard kill", "scale up")
 GOALS = {"notice": 2.0, "hard kill": 5.0, "scale up": 3.0}
 
-RECIPE = """\
-name: {name}
-resources:
-  - provider: local
-    instance_type: cpu-small
-    prices: {{spot: 0.10, on_demand: 0.40}}
-nodes: {{min: 1, max: 4, target: 3}}
-workdir: work
-run: python train.py --delay {delay}
-env: {{OMP_NUM_THREADS: 1}}
-checkpoint: {{dir: checkpoints, every_steps: {every}, keep: 3}}
-control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
-"""
-
-
-# -- the step timeline ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Line:
-    t: float
-    kind: str  # "STEP" or "BOOT"
-    step: int  # BOOT: the resumed step (0 if none)
-    world: int
-    source: str  # which node's log
-    t0: float = 0.0  # BOOT: worker start
-
-
-class Timeline:
-    """STEP/BOOT lines of every log `paths()` names, read incrementally."""
-
-    def __init__(self, paths: Callable[[], dict[str, Path]]) -> None:
-        self._paths = paths
-        self._offsets: dict[Path, int] = {}
-        self._partial: dict[Path, bytes] = {}
-        self.lines: list[Line] = []
-
-    def refresh(self) -> None:
-        for source, path in self._paths().items():
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self._offsets.get(path, 0))
-                    data = f.read()
-            except OSError:
-                continue
-            self._offsets[path] = self._offsets.get(path, 0) + len(data)
-            data = self._partial.pop(path, b"") + data
-            *complete, rest = data.split(b"\n")
-            if rest:
-                self._partial[path] = rest
-            for raw in complete:
-                line = _parse(raw.decode(errors="replace"), source)
-                if line is not None:
-                    self.lines.append(line)
-
-    def steps(self) -> list[Line]:
-        return sorted((x for x in self.lines if x.kind == "STEP"), key=lambda x: x.t)
-
-    def first(self, after: float, world: int, kind: str = "STEP") -> Line | None:
-        found = [x for x in self.lines if x.kind == kind and x.t > after and x.world == world]
-        return min(found, key=lambda x: x.t) if found else None
-
-    def wait_first(self, after: float, world: int, timeout: float) -> Line | None:
-        deadline = time.monotonic() + timeout
-        while True:
-            self.refresh()
-            found = self.first(after, world)
-            if found is not None or time.monotonic() > deadline:
-                return found
-            time.sleep(0.05)
-
-    def wait_steps(self, world: int, count: int, timeout: float) -> bool:
-        """Until `count` steps at `world` were printed after the last step at another world size."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.refresh()
-            run = 0
-            for x in reversed(self.steps()):
-                if x.world != world:
-                    break
-                run += 1
-            if run >= count:
-                return True
-            time.sleep(0.1)
-        return False
-
-    def wait_mid_interval(self, every: int, timeout: float = 15.0) -> int | None:
-        """Until the newest step is half-way between two periodic checkpoints (the expected loss
-        of a checkpoint-only job is every/2 steps; the phase should not decide it). Its step."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.refresh()
-            steps = self.steps()
-            if steps and every // 2 <= steps[-1].step % every <= every // 2 + 2:
-                return steps[-1].step
-            time.sleep(0.005)
-        return None
-
-    def rank0_source(self) -> str | None:
-        steps = self.steps()
-        return steps[-1].source if steps else None
-
-
-def _parse(text: str, source: str) -> Line | None:
-    for marker in ("STEP ", "BOOT "):
-        at = text.find(marker)
-        if at >= 0:
-            break
-    else:
-        return None
-    words = text[at:].split()
-    try:
-        if words[0] == "STEP":  # STEP n WORLD w T t
-            return Line(float(words[5]), "STEP", int(words[1]), int(words[3]), source)
-        # BOOT WORLD w T0 t0 T1 t1 RESUMED r
-        resumed = 0 if words[8] == "None" else int(words[8])
-        return Line(float(words[6]), "BOOT", resumed, int(words[2]), source, t0=float(words[4]))
-    except (IndexError, ValueError):
-        return None
+# -- what the step lines say ----------------------------------------------------------------------
 
 
 def steps_lost(timeline: Timeline, windows: list[tuple[str, float]]) -> dict[str, int]:
@@ -211,7 +94,7 @@ def steps_lost(timeline: Timeline, windows: list[tuple[str, float]]) -> dict[str
 
 def breakdown(timeline: Timeline, event: float, world: int) -> dict[str, float]:
     """Where the time went: event -> new worker started -> trainer ready (group + resume) -> step."""
-    boot = timeline.first(event, world, "BOOT")
+    boot = timeline.first(event, world, Kind.BOOT)
     step = timeline.first(event, world)
     if boot is None or step is None or not event <= boot.t0 <= step.t:
         return {}
@@ -224,8 +107,7 @@ def breakdown(timeline: Timeline, event: float, world: int) -> dict[str, float]:
     # Further re-formations at the same size right after (each one a stall): count them and time
     # the event -> first step of the last one ("steady").
     boots = sorted(
-        (x for x in timeline.lines if x.kind == "BOOT" and x.world == world and event < x.t0 < event + 10),
-        key=lambda x: x.t,
+        (x for x in timeline.of(Kind.BOOT) if x.world == world and event < x.t0 < event + 10), key=lambda x: x.t
     )
     if len(boots) > 1:
         steady = timeline.first(boots[-1].t, world)
@@ -246,16 +128,6 @@ class Side:
     error: str | None = None
 
 
-def _until(check, timeout: float, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(step)
-    return None
-
-
 # -- spotrun --------------------------------------------------------------------------------------
 
 
@@ -271,7 +143,16 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
     home = Path(os.environ["SPOTRUN_HOME"])
     job_workdir(tmp / "work", data)
     recipe = tmp / "recovery.yaml"
-    recipe.write_text(RECIPE.format(name=CLUSTER, delay=args.delay, every=args.every, endpoint=endpoint))
+    recipe.write_text(
+        local_recipe(
+            CLUSTER,
+            target=3,
+            run=f"python train.py --delay {args.delay}",
+            env={"OMP_NUM_THREADS": 1},
+            checkpoint={"dir": "checkpoints", "every_steps": args.every, "keep": 3},
+            endpoint=endpoint,
+        )
+    )
     vms = home / "local" / "vms"
     timeline = Timeline(lambda: {p.parts[-4]: p for p in vms.glob("*/home/.spotrun/train.log")})
     store = None
@@ -290,7 +171,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
     def stop_controller() -> None:
         # A daemon started a moment ago may not have exec'd yet: its /proc cmdline is still ours,
         # running_pid() says None and stop_daemon() stops nothing. Wait until it is recognisable.
-        _until(lambda: running_pid(CLUSTER) is not None, 5.0)
+        wait_until(lambda: running_pid(CLUSTER) is not None, 5.0)
         stop_daemon(CLUSTER)
         if running_pid(CLUSTER) is not None:
             raise RuntimeError("spotrun: the controller daemon did not stop")
@@ -298,7 +179,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
     def refill(after: float, known: set[str]) -> None:
         """Controller on: it replaces the lost node; time its join -> first step at world 3."""
         start_daemon(CLUSTER)
-        join = _until(lambda: [e for e in events("join") if e.node not in known and e.at > after], 90, 0.1)
+        join = wait_until(lambda: [e for e in events("join") if e.node not in known and e.at > after], 90, 0.1)
         first = timeline.wait_first(join[0].at, 3, 90) if join else None
         side.refills.append(round(first.t - join[0].at, 3) if first else None)
         windows.append(("refill", join[0].at if join else after))
@@ -324,7 +205,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         noticed = victim(set())
         sent = time.time()
         deadline = preempt(CLUSTER, noticed, args.notice)
-        leaving = _until(lambda: [e for e in events("leaving") if e.node == noticed], args.notice + 5)
+        leaving = wait_until(lambda: [e for e in events("leaving") if e.node == noticed], args.notice + 5)
         start = leaving[0].at if leaving else sent
         windows.append(("notice", start))
         first = timeline.wait_first(start, 2, 60)
@@ -363,7 +244,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         # scale up (the controller stays on)
         asked = time.time()
         set_target(store, CLUSTER, 4)
-        join = _until(lambda: [e for e in events("ready") if e.node not in known and e.at > asked], 90, 0.1)
+        join = wait_until(lambda: [e for e in events("ready") if e.node not in known and e.at > asked], 90, 0.1)
         if join is None:
             raise RuntimeError("spotrun: no new node became ready after scale 4")
         start = join[0].at
