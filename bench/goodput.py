@@ -45,6 +45,7 @@ Run as root: .venv/bin/python bench/goodput.py [--only spotrun,no-spare,baseline
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -53,6 +54,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 
@@ -366,7 +368,7 @@ def run_baseline(run: Run, schedule: list[Entry], timeout: float) -> None:
             down(run.name)  # checkpoints (shared dir) and ledger stay
             down_s = time.time() - killed
             up_s = run.up(controller=False)
-            resumed = wait_until(lambda: _first_after(run, killed + down_s), 120, 0.05)
+            resumed = wait_until(partial(_first_after, run, killed + down_s), 120, 0.05)
             boot = [b for b in run.timeline.of(Kind.BOOT) if b.t0 >= killed]
             run.result.fired.append(
                 {
@@ -400,10 +402,8 @@ def _attempt(label: str, fn, run: Run, *a, keep: Path | None = None) -> None:
     except Exception as exc:
         run.result.error = f"{type(exc).__name__}: {exc}"
         print(f"{label} failed: {run.result.error}", file=sys.stderr)
-        try:
+        with contextlib.suppress(Exception):
             run.conclude()
-        except Exception:
-            pass
     finally:
         try:
             run.down(keep)

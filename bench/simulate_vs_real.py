@@ -152,7 +152,7 @@ def main() -> None:
                 checkpoint={"every_steps": 20, "keep": 3},
             )
         )
-        plain_s, up_s, seen = _run(recipe, args.steps, [], args.timeout)
+        plain_s, _up_s, seen = _run(recipe, args.steps, [], args.timeout)
         first = next(t for t, s in seen if s > 0)
         step_at_target = (plain_s - first) / max(1, args.steps - next(s for t, s in seen if s > 0))
         replay_s, _, _ = _run(
