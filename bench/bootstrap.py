@@ -16,21 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit
+from _shared import local_recipe
 
 from spotrun.controller.bootstrap import QuietReporter
-
-RECIPE = """\
-name: bench{count}
-resources:
-  - provider: local
-    instance_type: cpu-small
-    prices: {{spot: 0.10, on_demand: 0.40}}
-nodes: {{min: 1, max: {count}, target: {count}}}
-workdir: work
-setup: "true"
-run: python train.py
-control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
-"""
 
 
 def _one(count: int, root: Path, endpoint: str) -> float:
@@ -40,7 +28,7 @@ def _one(count: int, root: Path, endpoint: str) -> float:
     recipe = root / f"bench{count}.yaml"
     (root / "work").mkdir(exist_ok=True)
     (root / "work" / "train.py").write_text("print('bench')\n")
-    recipe.write_text(RECIPE.format(count=count, endpoint=endpoint))
+    recipe.write_text(local_recipe(f"bench{count}", target=count, max_nodes=count, setup="true", endpoint=endpoint))
     start = time.perf_counter()
     try:
         result = up(recipe, train=False, reporter_factory=QuietReporter)

@@ -45,6 +45,7 @@ Run as root: .venv/bin/python bench/goodput.py [--only spotrun,no-spare,baseline
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -53,10 +54,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit
+from _shared import SHARED_STEPS_ENV, local_recipe, wait_until
+from _steps import Kind, Line, Timeline
 from _workdir import job_workdir, make_data
 
 from spotrun.controller.bootstrap import QuietReporter
@@ -64,21 +69,6 @@ from spotrun.controller.bootstrap import QuietReporter
 NODES = 3
 GOAL_GOODPUT, GOAL_RATIO = 0.9, 1.5
 DEFAULT_SCHEDULE = "10:8:0,30:0:1,50:8:2,70:0:0,90:8:1"
-
-RECIPE = """\
-name: {name}
-resources:
-  - provider: local
-    instance_type: cpu-small
-    prices: {{spot: {price}, on_demand: {on_demand}}}
-    boot_s: {boot}
-nodes: {{min: 1, max: 4, target: {nodes}, spares: {spares}}}
-workdir: work
-run: python train.py --steps {steps} --delay {delay} --ref-world {nodes}{plain}
-env: {{OMP_NUM_THREADS: 1, STEPS_LOG_DIR: /run/spotrun/shared/steps}}
-checkpoint: {{dir: checkpoints, every_steps: {every}, keep: 3}}
-control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
-"""
 
 
 @dataclass(frozen=True)
@@ -120,66 +110,14 @@ class Result:
         return self.last - self.first if self.first is not None and self.last is not None else None
 
 
-class Steps:
-    """Rank 0's STEP/BOOT lines from every node's log in the cluster's shared dir, read incrementally."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self._offsets: dict[Path, int] = {}
-        self._partial: dict[Path, str] = {}
-        self.steps: list[tuple[float, int, int, str]] = []  # (t, step, world, node)
-        self.boots: list[tuple[float, float, int, str]] = []  # (t0, t1, resumed, node)
-        self.inits: list[float] = []  # every rank's data loaded -> trainer ready, per worker start
-
-    def refresh(self) -> None:
-        for path in sorted(self.folder.glob("*.log")):
-            try:
-                with open(path) as f:
-                    f.seek(self._offsets.get(path, 0))
-                    data = f.read()
-            except OSError:
-                continue
-            self._offsets[path] = self._offsets.get(path, 0) + len(data.encode())
-            *complete, rest = (self._partial.pop(path, "") + data).split("\n")
-            if rest:
-                self._partial[path] = rest
-            for text in complete:
-                w = text.split()
-                try:
-                    if w[:1] == ["STEP"]:
-                        self.steps.append((float(w[5]), int(w[1]), int(w[3]), path.stem))
-                    elif w[:1] == ["BOOT"]:
-                        self.boots.append((float(w[4]), float(w[6]), 0 if w[8] == "None" else int(w[8]), path.stem))
-                    elif w[:1] == ["RANK"]:
-                        self.inits.append(float(w[7]) - float(w[5]))
-                except (IndexError, ValueError):
-                    pass
-
-    def first(self) -> float | None:
-        return min((s[0] for s in self.steps), default=None)
-
-    def done(self, total: int) -> float | None:
-        return min((s[0] for s in self.steps if s[1] == total), default=None)
-
-
 # -- the three runs -------------------------------------------------------------------------------
-
-
-def _until(check, timeout: float, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(step)
-    return None
 
 
 def _stop_controller(cluster: str) -> None:
     from spotrun.controller.daemon import running_pid, stop_daemon
 
     # A daemon started a moment ago may not have exec'd yet (its cmdline is still ours): wait.
-    _until(lambda: running_pid(cluster) is not None, 5.0)
+    wait_until(lambda: running_pid(cluster) is not None, 5.0)
     stop_daemon(cluster)
 
 
@@ -198,23 +136,24 @@ class Run:
         self.name, self.args = name, args
         self.recipe = tmp / f"{name}.yaml"
         self.recipe.write_text(
-            RECIPE.format(
-                name=name,
-                price=args.price,
-                on_demand=args.price * 3,
-                nodes=NODES,
+            local_recipe(
+                name,
+                target=NODES,
                 spares=spares,
-                steps=args.steps,
-                delay=args.delay,
-                plain=" --plain" if plain else "",
-                every=args.every,
+                spot=args.price,
+                on_demand=args.price * 3,
+                boot_s=args.boot,
+                run=f"python train.py --steps {args.steps} --delay {args.delay} --ref-world {NODES}"
+                + (" --plain" if plain else ""),
+                env=SHARED_STEPS_ENV,
+                checkpoint={"dir": "checkpoints", "every_steps": args.every, "keep": 3},
                 endpoint=endpoint,
-                boot=args.boot,
             )
         )
         self.endpoint = endpoint
         home = Path(os.environ["SPOTRUN_HOME"])
-        self.steps = Steps(home / "local" / "shared" / name / "steps")
+        self.steps_dir = home / "local" / "shared" / name / "steps"  # the step lines, one log per node
+        self.timeline = Timeline(lambda: {p.stem: p for p in sorted(self.steps_dir.glob("*.log"))})
         self.result = Result(name)
         self.vms: set[str] = set()
 
@@ -229,11 +168,12 @@ class Run:
         return time.perf_counter() - start
 
     def wait_first(self, timeout: float) -> float:
-        def seen():
-            self.steps.refresh()
-            return self.steps.first()
+        def seen() -> float | None:
+            self.timeline.refresh()
+            steps = self.timeline.steps()
+            return steps[0].t if steps else None
 
-        first = _until(seen, timeout)
+        first = wait_until(seen, timeout)
         if first is None:
             raise RuntimeError(f"{self.name}: no training step within {timeout:.0f} s")
         self.result.first = first
@@ -250,34 +190,36 @@ class Run:
             store.close()
 
     def finished(self) -> float | None:
-        self.steps.refresh()
-        return self.steps.done(self.args.steps)
+        """When the final step was done, if it was."""
+        self.timeline.refresh()
+        return min((s.t for s in self.timeline.steps() if s.step == self.args.steps), default=None)
 
     def conclude(self) -> None:
         """Figures from the step lines and the ledger (billed up to the last step)."""
         from spotrun.state.ledger import summarize
         from spotrun.state.store import connect
 
-        r, steps = self.result, sorted(self.steps.steps)
-        r.lines, r.boots, r.trainer_init_s = len(steps), len(self.steps.boots), list(self.steps.inits)
-        r.reached = max((s[1] for s in steps), default=0)
-        r.recomputed = len(steps) - len({s[1] for s in steps})
-        gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:])]
+        r, steps, boots = self.result, self.timeline.steps(), self.timeline.of(Kind.BOOT)
+        r.lines, r.boots = len(steps), len(boots)
+        r.trainer_init_s = [x.t - x.t0 for x in self.timeline.lines if x.kind is Kind.RANK]
+        r.reached = max((s.step for s in steps), default=0)
+        r.recomputed = len(steps) - len({s.step for s in steps})
+        gaps = [b.t - a.t for a, b in pairwise(steps)]
         r.step_s = statistics.median(gaps) if gaps else None
-        for (t, _, world, _), gap in zip(steps, gaps):
-            r.world_s[world] = r.world_s.get(world, 0.0) + gap
+        for s, gap in zip(steps, gaps, strict=False):  # the last step has no gap after it
+            r.world_s[s.world] = r.world_s.get(s.world, 0.0) + gap
         # Stalls: gaps of more than 5 median steps; where the time between two steps went.
         if r.step_s:
-            for a, b in zip(steps, steps[1:]):
-                if b[0] - a[0] > 5 * r.step_s:
-                    boot = [x for x in self.steps.boots if a[0] <= x[1] <= b[0]]
+            for a, b in pairwise(steps):
+                if b.t - a.t > 5 * r.step_s:
+                    ready = [x.t for x in boots if a.t <= x.t <= b.t]
                     r.stalls.append(
                         {
-                            "at_s": round(a[0] - r.first, 2),
-                            "s": round(b[0] - a[0], 2),
-                            "world": f"{a[2]}->{b[2]}",
-                            "step": f"{a[1]}->{b[1]}",
-                            **({"workers_ready_after_s": round(max(x[1] for x in boot) - a[0], 2)} if boot else {}),
+                            "at_s": round(a.t - r.first, 2),
+                            "s": round(b.t - a.t, 2),
+                            "world": f"{a.world}->{b.world}",
+                            "step": f"{a.step}->{b.step}",
+                            **({"workers_ready_after_s": round(max(ready) - a.t, 2)} if ready else {}),
                         }
                     )
         store = connect([self.endpoint])
@@ -311,7 +253,7 @@ class Run:
 
             if (cluster_dir(self.name) / "controller.log").exists():
                 shutil.copy(cluster_dir(self.name) / "controller.log", keep / self.name / "controller.log")
-            for log in [*self.steps.folder.glob("*.log"), *home.glob("vms/*/home/.spotrun/*.log")]:
+            for log in [*self.steps_dir.glob("*.log"), *home.glob("vms/*/home/.spotrun/*.log")]:
                 vm = log.parts[-4] if log.parent.name == ".spotrun" else None
                 if vm is None or vm in ids:
                     where = keep / self.name / (vm or "steps")
@@ -340,7 +282,7 @@ def _clip(segment, until: float):
 def run_undisturbed(run: Run, timeout: float) -> None:
     run.up(controller=True)
     run.wait_first(180)
-    run.result.last = _until(run.finished, timeout, 0.1)
+    run.result.last = wait_until(run.finished, timeout, 0.1)
     if run.result.last is None:
         raise RuntimeError(f"undisturbed: step {run.args.steps} not reached in {timeout:.0f} s")
 
@@ -379,8 +321,8 @@ def run_spotrun(run: Run, schedule: list[Entry], timeout: float) -> None:
 
 
 def _rank0(run: Run) -> str | None:
-    run.steps.refresh()
-    return max(run.steps.steps)[3] if run.steps.steps else None
+    run.timeline.refresh()
+    return run.timeline.rank0_source()
 
 
 def run_baseline(run: Run, schedule: list[Entry], timeout: float) -> None:
@@ -419,15 +361,15 @@ def run_baseline(run: Run, schedule: list[Entry], timeout: float) -> None:
                     }
                 )
                 continue
-            run.steps.refresh()
-            before = max((s[1] for s in run.steps.steps), default=0)
+            run.timeline.refresh()
+            before = max((s.step for s in run.timeline.steps()), default=0)
             killed = time.time()
             preempt(run.name, victim, 0)
             down(run.name)  # checkpoints (shared dir) and ledger stay
             down_s = time.time() - killed
             up_s = run.up(controller=False)
-            resumed = _until(lambda: _first_after(run, killed + down_s), 120, 0.05)
-            boot = [b for b in run.steps.boots if b[0] >= killed]
+            resumed = wait_until(partial(_first_after, run, killed + down_s), 120, 0.05)
+            boot = [b for b in run.timeline.of(Kind.BOOT) if b.t0 >= killed]
             run.result.fired.append(
                 {
                     "at_s": round(killed - first, 2),
@@ -435,8 +377,8 @@ def run_baseline(run: Run, schedule: list[Entry], timeout: float) -> None:
                     "notice_s": entry.notice,
                     "down_s": round(down_s, 2),
                     "up_s": round(up_s, 2),
-                    **({"resumed_from": min(b[2] for b in boot), "last_step_before": before} if boot else {}),
-                    **({"kill_to_first_step_s": round(resumed[0] - killed, 2)} if resumed else {}),
+                    **({"resumed_from": min(b.step for b in boot), "last_step_before": before} if boot else {}),
+                    **({"kill_to_first_step_s": round(resumed.t - killed, 2)} if resumed else {}),
                 }
             )
         time.sleep(0.1)
@@ -444,9 +386,9 @@ def run_baseline(run: Run, schedule: list[Entry], timeout: float) -> None:
         raise RuntimeError(f"baseline: step {run.args.steps} not reached in {timeout:.0f} s")
 
 
-def _first_after(run: Run, t: float):
-    run.steps.refresh()
-    after = [s for s in run.steps.steps if s[0] > t]
+def _first_after(run: Run, t: float) -> Line | None:
+    run.timeline.refresh()
+    after = [s for s in run.timeline.steps() if s.t > t]
     return min(after) if after else None
 
 
@@ -460,10 +402,8 @@ def _attempt(label: str, fn, run: Run, *a, keep: Path | None = None) -> None:
     except Exception as exc:
         run.result.error = f"{type(exc).__name__}: {exc}"
         print(f"{label} failed: {run.result.error}", file=sys.stderr)
-        try:
+        with contextlib.suppress(Exception):
             run.conclude()
-        except Exception:
-            pass
     finally:
         try:
             run.down(keep)

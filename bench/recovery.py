@@ -55,18 +55,17 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit
+from _shared import local_recipe, wait_until
+from _steps import Kind, Timeline
+from _torchrun_job import BaselineJob
 from _workdir import job_workdir, make_data
 
 from spotrun.controller.bootstrap import QuietReporter
@@ -75,125 +74,7 @@ CLUSTER = "recovery"
 CASES = ("notice", "hard kill", "scale up")
 GOALS = {"notice": 2.0, "hard kill": 5.0, "scale up": 3.0}
 
-RECIPE = """\
-name: {name}
-resources:
-  - provider: local
-    instance_type: cpu-small
-    prices: {{spot: 0.10, on_demand: 0.40}}
-nodes: {{min: 1, max: 4, target: 3}}
-workdir: work
-run: python train.py --delay {delay}
-env: {{OMP_NUM_THREADS: 1}}
-checkpoint: {{dir: checkpoints, every_steps: {every}, keep: 3}}
-control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
-"""
-
-
-# -- the step timeline ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Line:
-    t: float
-    kind: str  # "STEP" or "BOOT"
-    step: int  # BOOT: the resumed step (0 if none)
-    world: int
-    source: str  # which node's log
-    t0: float = 0.0  # BOOT: worker start
-
-
-class Timeline:
-    """STEP/BOOT lines of every log `paths()` names, read incrementally."""
-
-    def __init__(self, paths: Callable[[], dict[str, Path]]) -> None:
-        self._paths = paths
-        self._offsets: dict[Path, int] = {}
-        self._partial: dict[Path, bytes] = {}
-        self.lines: list[Line] = []
-
-    def refresh(self) -> None:
-        for source, path in self._paths().items():
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self._offsets.get(path, 0))
-                    data = f.read()
-            except OSError:
-                continue
-            self._offsets[path] = self._offsets.get(path, 0) + len(data)
-            data = self._partial.pop(path, b"") + data
-            *complete, rest = data.split(b"\n")
-            if rest:
-                self._partial[path] = rest
-            for raw in complete:
-                line = _parse(raw.decode(errors="replace"), source)
-                if line is not None:
-                    self.lines.append(line)
-
-    def steps(self) -> list[Line]:
-        return sorted((x for x in self.lines if x.kind == "STEP"), key=lambda x: x.t)
-
-    def first(self, after: float, world: int, kind: str = "STEP") -> Line | None:
-        found = [x for x in self.lines if x.kind == kind and x.t > after and x.world == world]
-        return min(found, key=lambda x: x.t) if found else None
-
-    def wait_first(self, after: float, world: int, timeout: float) -> Line | None:
-        deadline = time.monotonic() + timeout
-        while True:
-            self.refresh()
-            found = self.first(after, world)
-            if found is not None or time.monotonic() > deadline:
-                return found
-            time.sleep(0.05)
-
-    def wait_steps(self, world: int, count: int, timeout: float) -> bool:
-        """Until `count` steps at `world` were printed after the last step at another world size."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.refresh()
-            run = 0
-            for x in reversed(self.steps()):
-                if x.world != world:
-                    break
-                run += 1
-            if run >= count:
-                return True
-            time.sleep(0.1)
-        return False
-
-    def wait_mid_interval(self, every: int, timeout: float = 15.0) -> int | None:
-        """Until the newest step is half-way between two periodic checkpoints (the expected loss
-        of a checkpoint-only job is every/2 steps; the phase should not decide it). Its step."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.refresh()
-            steps = self.steps()
-            if steps and every // 2 <= steps[-1].step % every <= every // 2 + 2:
-                return steps[-1].step
-            time.sleep(0.005)
-        return None
-
-    def rank0_source(self) -> str | None:
-        steps = self.steps()
-        return steps[-1].source if steps else None
-
-
-def _parse(text: str, source: str) -> Line | None:
-    for marker in ("STEP ", "BOOT "):
-        at = text.find(marker)
-        if at >= 0:
-            break
-    else:
-        return None
-    words = text[at:].split()
-    try:
-        if words[0] == "STEP":  # STEP n WORLD w T t
-            return Line(float(words[5]), "STEP", int(words[1]), int(words[3]), source)
-        # BOOT WORLD w T0 t0 T1 t1 RESUMED r
-        resumed = 0 if words[8] == "None" else int(words[8])
-        return Line(float(words[6]), "BOOT", resumed, int(words[2]), source, t0=float(words[4]))
-    except (IndexError, ValueError):
-        return None
+# -- what the step lines say ----------------------------------------------------------------------
 
 
 def steps_lost(timeline: Timeline, windows: list[tuple[str, float]]) -> dict[str, int]:
@@ -211,7 +92,7 @@ def steps_lost(timeline: Timeline, windows: list[tuple[str, float]]) -> dict[str
 
 def breakdown(timeline: Timeline, event: float, world: int) -> dict[str, float]:
     """Where the time went: event -> new worker started -> trainer ready (group + resume) -> step."""
-    boot = timeline.first(event, world, "BOOT")
+    boot = timeline.first(event, world, Kind.BOOT)
     step = timeline.first(event, world)
     if boot is None or step is None or not event <= boot.t0 <= step.t:
         return {}
@@ -224,8 +105,7 @@ def breakdown(timeline: Timeline, event: float, world: int) -> dict[str, float]:
     # Further re-formations at the same size right after (each one a stall): count them and time
     # the event -> first step of the last one ("steady").
     boots = sorted(
-        (x for x in timeline.lines if x.kind == "BOOT" and x.world == world and event < x.t0 < event + 10),
-        key=lambda x: x.t,
+        (x for x in timeline.of(Kind.BOOT) if x.world == world and event < x.t0 < event + 10), key=lambda x: x.t
     )
     if len(boots) > 1:
         steady = timeline.first(boots[-1].t, world)
@@ -246,16 +126,6 @@ class Side:
     error: str | None = None
 
 
-def _until(check, timeout: float, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(step)
-    return None
-
-
 # -- spotrun --------------------------------------------------------------------------------------
 
 
@@ -271,7 +141,16 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
     home = Path(os.environ["SPOTRUN_HOME"])
     job_workdir(tmp / "work", data)
     recipe = tmp / "recovery.yaml"
-    recipe.write_text(RECIPE.format(name=CLUSTER, delay=args.delay, every=args.every, endpoint=endpoint))
+    recipe.write_text(
+        local_recipe(
+            CLUSTER,
+            target=3,
+            run=f"python train.py --delay {args.delay}",
+            env={"OMP_NUM_THREADS": 1},
+            checkpoint={"dir": "checkpoints", "every_steps": args.every, "keep": 3},
+            endpoint=endpoint,
+        )
+    )
     vms = home / "local" / "vms"
     timeline = Timeline(lambda: {p.parts[-4]: p for p in vms.glob("*/home/.spotrun/train.log")})
     store = None
@@ -290,7 +169,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
     def stop_controller() -> None:
         # A daemon started a moment ago may not have exec'd yet: its /proc cmdline is still ours,
         # running_pid() says None and stop_daemon() stops nothing. Wait until it is recognisable.
-        _until(lambda: running_pid(CLUSTER) is not None, 5.0)
+        wait_until(lambda: running_pid(CLUSTER) is not None, 5.0)
         stop_daemon(CLUSTER)
         if running_pid(CLUSTER) is not None:
             raise RuntimeError("spotrun: the controller daemon did not stop")
@@ -298,7 +177,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
     def refill(after: float, known: set[str]) -> None:
         """Controller on: it replaces the lost node; time its join -> first step at world 3."""
         start_daemon(CLUSTER)
-        join = _until(lambda: [e for e in events("join") if e.node not in known and e.at > after], 90, 0.1)
+        join = wait_until(lambda: [e for e in events("join") if e.node not in known and e.at > after], 90, 0.1)
         first = timeline.wait_first(join[0].at, 3, 90) if join else None
         side.refills.append(round(first.t - join[0].at, 3) if first else None)
         windows.append(("refill", join[0].at if join else after))
@@ -323,7 +202,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         noticed = victim(set())
         sent = time.time()
         deadline = preempt(CLUSTER, noticed, args.notice)
-        leaving = _until(lambda: [e for e in events("leaving") if e.node == noticed], args.notice + 5)
+        leaving = wait_until(lambda: [e for e in events("leaving") if e.node == noticed], args.notice + 5)
         start = leaving[0].at if leaving else sent
         windows.append(("notice", start))
         first = timeline.wait_first(start, 2, 60)
@@ -362,7 +241,7 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
         # scale up (the controller stays on)
         asked = time.time()
         set_target(store, CLUSTER, 4)
-        join = _until(lambda: [e for e in events("ready") if e.node not in known and e.at > asked], 90, 0.1)
+        join = wait_until(lambda: [e for e in events("ready") if e.node not in known and e.at > asked], 90, 0.1)
         if join is None:
             raise RuntimeError("spotrun: no new node became ready after scale 4")
         start = join[0].at
@@ -399,200 +278,6 @@ def run_spotrun(tmp: Path, data: Path, endpoint: str, args) -> Side:
 
 
 # -- baseline: plain torchrun ---------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-class TorchrunNode:
-    """One plain torchrun agent (a "VM"): its own session; output timestamped on arrival."""
-
-    def __init__(self, name: str, work: Path, port: int, host: bool, args, logs: Path) -> None:
-        self.name = name
-        self.log = logs / f"{name}.log"
-        self.joined_at: float | None = None  # its rendezvous join attempt, as torch logs it
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}",
-            "--rdzv-id=recovery-baseline",
-            "--nnodes=1:4",
-            "--nproc-per-node=1",
-            "--max-restarts=100",
-            f"--rdzv-conf=is_host={int(host)}",
-            "train.py",
-            "--plain",
-            "--delay",
-            str(args.delay),
-        ]
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "SPOTRUN_CHECKPOINT_DIR": str(work / "checkpoints"),
-            "SPOTRUN_CHECKPOINT_EVERY_STEPS": str(args.every),
-            "SPOTRUN_CHECKPOINT_KEEP": "3",
-            "LOGLEVEL": "INFO",
-        }  # torch's elastic log level only: logs the rendezvous join time
-        for k in ("SPOTRUN_CONTROL_FILE", "SPOTRUN_PROGRESS_FILE", "SPOTRUN_COLLECTIVE_TIMEOUT_S"):
-            env.pop(k, None)
-        self.started = time.time()
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=work,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self._reader = threading.Thread(target=self._pump, daemon=True)
-        self._reader.start()
-
-    def _pump(self) -> None:
-        with open(self.log, "w") as out:
-            for raw in self.proc.stdout:
-                now = time.time()
-                text = raw.decode(errors="replace").rstrip("\n")
-                if self.joined_at is None and "attempts to join" in text:
-                    self.joined_at = now
-                out.write(f"{now:.6f} {text}\n")
-                out.flush()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-
-    def kill(self) -> None:
-        """Everything of this node at once: the agent's session and every worker it started."""
-        pids = [self.proc.pid, *_descendants(self.proc.pid)]
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-
-
-class BaselineJob:
-    """One plain-torchrun job of 3 agents (b0 hosts the c10d store), its own port and checkpoints."""
-
-    def __init__(self, tmp: Path, data: Path, case: str, args) -> None:
-        tag = case.replace(" ", "-")
-        self.work = job_workdir(tmp / f"base-{tag}", data)
-        self.logs = tmp / f"base-logs-{tag}"
-        self.logs.mkdir()
-        self.port, self.args = _free_port(), args
-        self.nodes: dict[str, TorchrunNode] = {}
-        self.timeline = Timeline(lambda: {n: node.log for n, node in self.nodes.items()})
-
-    def start(self, name: str) -> TorchrunNode:
-        self.nodes[name] = TorchrunNode(name, self.work, self.port, name == "b0", self.args, self.logs)
-        return self.nodes[name]
-
-    def start_three(self) -> bool:
-        self.start("b0")
-        time.sleep(1.0)  # the store host first
-        self.start("b1")
-        self.start("b2")
-        return self.timeline.wait_steps(3, self.args.warm_steps, 180)
-
-    def victim(self) -> str:
-        self.timeline.refresh()
-        rank0 = self.timeline.rank0_source()
-        return sorted(n for n in self.nodes if n not in ("b0", rank0))[0]
-
-    def dead(self, victim: str | None) -> bool:
-        """The job cannot recover any more: its store host or every agent but the victim exited."""
-        return not self.nodes["b0"].alive() or not any(n.alive() for name, n in self.nodes.items() if name != victim)
-
-    def agent_log(self, after: float) -> dict:
-        """What torchrun's agents logged after `after`: re-rendezvous rounds (as the store host saw
-        them), worker-group failures and restarts for new nodes (all agents), and the error that
-        ended the store host (else the newest error line)."""
-        rounds, failed, new_nodes, counts, errors = 0, 0, 0, {}, []
-        for name, node in self.nodes.items():
-            try:
-                lines = node.log.read_text(errors="replace").splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                stamp, _, text = line.partition(" ")
-                try:
-                    at = float(stamp)
-                except ValueError:
-                    continue
-                if at <= after:
-                    continue
-                if "Rendezvous complete for workers" in text and name == "b0":
-                    rounds += 1
-                elif "Worker group FAILED" in text:
-                    failed += 1
-                elif "new nodes from group_rank" in text:
-                    new_nodes += 1
-                elif "restart_count=" in text:
-                    counts[name] = int(text.rsplit("restart_count=", 1)[1])
-                elif text.startswith(("torch.distributed.", "RuntimeError", "TimeoutError")) or "Error:" in text[:60]:
-                    errors.append((at, name, f"{name}: {text.strip()[:300]}"))
-        ended = [e for e in errors if e[1] == "b0"] if not self.nodes["b0"].alive() else []
-        error = max(ended or errors, default=None)
-        return {
-            "rendezvous_rounds": rounds,
-            "worker_group_failures": failed,
-            "restarts_for_new_nodes": new_nodes,
-            "restart_counts": counts,
-            "last_error": error[2] if error else None,
-        }
-
-    def wait_first(self, after: float, world: int, timeout: float, victim: str | None) -> tuple[Line | None, bool]:
-        """The first step at `world` after `after`, or (None, died) when the bound passed or the job died."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.timeline.refresh()
-            found = self.timeline.first(after, world)
-            if found is not None:
-                return found, False
-            if self.dead(victim):
-                time.sleep(1.0)  # the last lines still in the pipes
-                self.timeline.refresh()
-                found = self.timeline.first(after, world)
-                return found, found is None
-            if time.monotonic() > deadline:
-                return None, False
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        for node in self.nodes.values():
-            node.kill()
 
 
 def run_baseline(tmp: Path, data: Path, args) -> Side:

@@ -28,23 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit
+from _shared import local_recipe
 
 from spotrun.controller.bootstrap import QuietReporter
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "simvsreal"
-RECIPE = """\
-name: {name}
-resources:
-  - provider: local
-    instance_type: cpu-small
-    prices: {{spot: 0.12, on_demand: 0.40}}
-nodes: {{min: 1, max: {target}, target: {target}}}
-workdir: {workdir}
-run: python train.py --steps {steps}
-env: {{OMP_NUM_THREADS: 1}}
-checkpoint: {{every_steps: 20, keep: 3}}
-"""
 # 300 s ticks; 3 nodes: one lost for 2 ticks, later two lost for 1 tick.
 TRACE = (3, 3, 2, 2, 3, 3, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3)
 
@@ -152,9 +141,18 @@ def main() -> None:
         os.environ["SPOTRUN_HOME"] = str(Path(tmp) / "home")
         recipe = Path(tmp) / "recipe.yaml"
         recipe.write_text(
-            RECIPE.format(name=CLUSTER, target=args.nodes, steps=args.steps, workdir=ROOT / "recipes" / "quickstart")
+            local_recipe(
+                CLUSTER,
+                target=args.nodes,
+                max_nodes=args.nodes,
+                spot=0.12,
+                workdir=ROOT / "recipes" / "quickstart",
+                run=f"python train.py --steps {args.steps}",
+                env={"OMP_NUM_THREADS": 1},
+                checkpoint={"every_steps": 20, "keep": 3},
+            )
         )
-        plain_s, up_s, seen = _run(recipe, args.steps, [], args.timeout)
+        plain_s, _up_s, seen = _run(recipe, args.steps, [], args.timeout)
         first = next(t for t, s in seen if s > 0)
         step_at_target = (plain_s - first) / max(1, args.steps - next(s for t, s in seen if s > 0))
         replay_s, _, _ = _run(

@@ -225,7 +225,7 @@ def events(
     """The cluster's history: launches, joins, notices, leaves, failures, scale, budget and down."""
     from spotrun.client import console
     from spotrun.client.connect import connect_cluster
-    from spotrun.client.status import follow_events, format_event
+    from spotrun.client.status import follow_events
     from spotrun.state.records import to_dict
 
     with connect_cluster(cluster) as store:
@@ -237,7 +237,7 @@ def events(
         console.print_json([to_dict(e) for e in history])
         return
     for event in history:
-        console.out.print(format_event(event), markup=False)
+        console.out.print(console.format_event(event), markup=False)
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""bench/recovery.py's timeline arithmetic (no VMs, no torchrun: the bench itself takes minutes)."""
+"""The benches' step-log timeline (bench/_steps.py) and bench/recovery.py's arithmetic on it (no
+VMs, no torchrun: the benches themselves take minutes)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ def _bench():
     return module
 
 
-def _timeline(module, tmp_path: Path, logs: dict[str, str]):
+def _timeline(tmp_path: Path, logs: dict[str, str]):
+    from _steps import Timeline  # bench/ is on the path once _bench() ran
+
     paths = {}
     for name, text in logs.items():
         paths[name] = tmp_path / f"{name}.log"
         paths[name].write_text(text)
-    timeline = module.Timeline(lambda: paths)
+    timeline = Timeline(lambda: paths)
     timeline.refresh()
     return timeline
 
@@ -31,7 +34,6 @@ def _timeline(module, tmp_path: Path, logs: dict[str, str]):
 def test_parse_timestamped_and_plain_lines(tmp_path: Path) -> None:
     bench = _bench()
     timeline = _timeline(
-        bench,
         tmp_path,
         {
             "a": "noise\nSTEP 1 WORLD 3 T 10.0\n1712.5 STEP 2 WORLD 3 T 10.5\n"
@@ -60,6 +62,23 @@ def test_steps_lost_counts_repeats_in_the_window_they_fall_in(tmp_path: Path) ->
     bench = _bench()
     lines = [f"STEP {n} WORLD 3 T {n}.0" for n in range(1, 11)]  # steps 1-10 at t = 1..10
     lines += [f"STEP {n} WORLD 2 T {n + 20}.0" for n in range(6, 13)]  # resumed from 5: 6-10 again
-    timeline = _timeline(bench, tmp_path, {"a": "\n".join(lines[:10]) + "\n", "b": "\n".join(lines[10:]) + "\n"})
+    timeline = _timeline(tmp_path, {"a": "\n".join(lines[:10]) + "\n", "b": "\n".join(lines[10:]) + "\n"})
     assert bench.steps_lost(timeline, [("before", 0.0), ("hard kill", 10.5)]) == {"before": 0, "hard kill": 5}
     assert timeline.rank0_source() == "b"
+
+
+def test_boot_and_rank_lines_time_each_worker_start(tmp_path: Path) -> None:
+    _bench()
+    from _steps import Kind
+
+    timeline = _timeline(
+        tmp_path,
+        {
+            "vm-1": "RANK 1 T0 1.0 TD 2.0 T1 2.5\nBOOT WORLD 3 T0 1.0 T1 3.0 RESUMED None\nSTEP 1 WORLD 3 T 3.5\n"
+            "RANK 1 T0 1.0 TD x T1 2.5\n",  # malformed: skipped
+        },
+    )
+    assert [x.t - x.t0 for x in timeline.of(Kind.RANK)] == [0.5]  # data loaded -> trainer ready
+    (boot,) = timeline.of(Kind.BOOT)
+    assert (boot.t0, boot.t, boot.step, boot.world, boot.source) == (1.0, 3.0, 0, 3, "vm-1")
+    assert timeline.first(0.0, 3, Kind.BOOT) is boot and timeline.rank0_source() == "vm-1"

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from local_recipe import local_recipe
+from polling import wait_until
 
 from spotrun.controller.bootstrap import BootstrapPlan, bootstrap_all
 from spotrun.controller.ssh import HostKeyMismatch, SshTarget, SshTimeouts, connect
@@ -19,18 +21,6 @@ from spotrun.controller.ssh_keys import ensure_keypair
 from spotrun.state.records import NodeRecord, NodeState
 
 pytestmark = pytest.mark.slow
-
-RECIPE = """\
-name: {name}
-resources:
-  - provider: local
-    instance_type: cpu-small
-    prices: {{spot: 0.10, on_demand: 0.40}}
-nodes: {{min: 1, max: 4, target: {target}}}
-workdir: work
-setup: {setup}
-run: python train.py
-"""
 
 
 def _cli(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -51,7 +41,7 @@ def _recipe(tmp_path: Path, name: str, target: int = 3, setup: str = "echo ran >
     work.mkdir(exist_ok=True)
     (work / "train.py").write_text("print('hello')\n")
     path = tmp_path / f"{name}.yaml"
-    path.write_text(RECIPE.format(name=name, target=target, setup=json.dumps(setup)))
+    path.write_text(local_recipe(name, target=target, setup=setup))
     return path
 
 
@@ -125,9 +115,7 @@ def test_up_status_rerun_down(tmp_path: Path, home: Path) -> None:
 
     down = _cli(home, "down", "life")
     assert "terminated 3 VMs" in down.stdout and "embedded etcd stopped" in down.stdout
-    deadline = time.monotonic() + 10
-    while (_live_pids(pids) or any(_port_open(p) for p in ports)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not _live_pids(pids) and not any(_port_open(p) for p in ports), 10, 0.1)
     assert _live_pids(pids) == []
     assert [p for p in ports if _port_open(p)] == []
     assert not (home / "clusters" / "life").exists()
@@ -235,20 +223,13 @@ def test_notice_from_each_protocol_reaches_etcd(tmp_path: Path, store, cluster: 
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while "vm-1" not in store.list_alive(cluster) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "vm-1" in store.list_alive(cluster)
+        assert wait_until(lambda: "vm-1" in store.list_alive(cluster), 10)
         armed = arm_notice(tmp_path, 20)
-        while store.get_notice(cluster, "vm-1") is None and time.monotonic() < deadline + 10:
-            time.sleep(0.05)
-        notice = store.get_notice(cluster, "vm-1")
+        notice = wait_until(lambda: store.get_notice(cluster, "vm-1"), 10)
         assert notice is not None and notice.source == protocol
         if protocol != "gcp":  # GCP's notice carries no deadline; the watcher assumes its fixed 30 s
             assert notice.deadline == pytest.approx(armed.deadline, abs=1.0)
-        while store.get_node(cluster, "vm-1").state != NodeState.NOTICE and time.monotonic() < deadline + 15:
-            time.sleep(0.05)
-        assert store.get_node(cluster, "vm-1").state == NodeState.NOTICE
+        assert wait_until(lambda: store.get_node(cluster, "vm-1").state == NodeState.NOTICE, 5)
         assert any(e.kind == "notice" for e in store.list_events(cluster))
     finally:
         stop.set()

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from local_recipe import local_recipe
+from polling import wait_until
 
 from spotrun.controller.bootstrap import QuietReporter
 from spotrun.controller.daemon import running_pid, start_daemon, stop_daemon
@@ -24,19 +26,6 @@ from spotrun.state.spec import put_recipe, recipe_from_spec
 
 pytestmark = pytest.mark.slow
 
-RECIPE = """\
-name: {name}
-resources:
-  - provider: local
-    instance_type: cpu-small
-    prices: {{spot: 0.10, on_demand: 0.40}}
-nodes: {{min: 1, max: 4, target: {target}, spares: {spares}}}
-workdir: work
-run: python train.py
-control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
-{extra}
-"""
-
 
 @pytest.fixture
 def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
@@ -49,11 +38,10 @@ def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
     (tmp_path / "work" / "train.py").write_text("print('hi')\n")
     made: list[str] = []
 
-    def make(name: str, target: int = 2, extra: str = "", spares: int = 0) -> str:
+    def make(name: str, target: int = 2, spares: int = 0, **sections) -> str:
+        """`sections`: more top-level recipe keys (budget, chaos)."""
         path = tmp_path / f"{name}.yaml"
-        path.write_text(
-            RECIPE.format(name=name, target=target, spares=spares, endpoint=etcd_server.endpoint, extra=extra)
-        )
+        path.write_text(local_recipe(name, target=target, spares=spares, endpoint=etcd_server.endpoint, **sections))
         made.append(name)
         up(path, train=False, reporter_factory=QuietReporter)
         stop_daemon(name)  # tests drive the controller themselves unless they start the daemon
@@ -77,13 +65,10 @@ def _live(store, name: str) -> list:
 
 
 def _until(check, timeout: float = 30.0, step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
+    """`wait_until` that fails the test when the condition is not met in time."""
+    value = wait_until(check, timeout, step)
+    assert value, "condition not met in time"
+    return value
 
 
 def test_notice_is_replaced_before_the_node_dies(cluster_env) -> None:
@@ -244,7 +229,7 @@ def test_killed_controller_during_launch_neither_duplicates_nor_leaks(cluster_en
 
 
 def test_budget_per_hour_blocks_scale_up_with_an_event(cluster_env) -> None:
-    name = cluster_env("cheap", target=1, extra="budget: {max_per_hour: 0.25}")
+    name = cluster_env("cheap", target=1, budget={"max_per_hour": 0.25})
     controller, store = _controller(name)
     with store:
         set_target(store, name, 4)
@@ -255,7 +240,7 @@ def test_budget_per_hour_blocks_scale_up_with_an_event(cluster_env) -> None:
 
 
 def test_budget_total_stops_the_cluster(cluster_env) -> None:
-    name = cluster_env("spent", target=2, extra="budget: {max_total: 0.000001}")
+    name = cluster_env("spent", target=2, budget={"max_total": 0.000001})
     controller, store = _controller(name)
     with store:
         time.sleep(0.1)  # two nodes at 0.10 $/h pass a micro-dollar quickly
@@ -270,8 +255,8 @@ def test_budget_total_stops_the_cluster(cluster_env) -> None:
 def test_trace_replay_preempts_and_limits_capacity(cluster_env, tmp_path: Path) -> None:
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 10}, "data": [3, 1, 1, 3]}))
-    extra = f"chaos: {{trace: {trace}, time_scale: 0.3, trace_notice: 0}}"
-    name = cluster_env("replay", target=3, extra=extra)  # ticks last 3 s: drop to 1 at 3 s, back to 3 at 9 s
+    chaos = {"trace": str(trace), "time_scale": 0.3, "trace_notice": 0}
+    name = cluster_env("replay", target=3, chaos=chaos)  # ticks last 3 s: drop to 1 at 3 s, back to 3 at 9 s
     controller, store = _controller(name)
     with store:
         controller.reconcile_once()  # starts the replay clock

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from polling import wait_until
 from spotrun.providers import Instance, InstanceState, LaunchSpec, get_provider, supports
 from spotrun.providers.local.provider import LocalProvider
 
@@ -144,15 +145,6 @@ def _by_id(provider: LocalProvider, cluster: str = "t") -> dict[str, Instance]:
     return {i.id: i for i in provider.instances(cluster)}
 
 
-def _wait_for(predicate: Callable[[], object], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 # -- tests ------------------------------------------------------------------------------------
 def test_registry_offers_and_capabilities(tmp_path: Path) -> None:
     provider = get_provider(
@@ -235,7 +227,7 @@ def test_terminate_kills_every_process_of_the_vm(local_vms, cluster_key) -> None
         # A double fork into a new session, as torchrun workers or daemons do.
         _run(client, f"setsid -f sh -c 'sleep {marker} </dev/null >/dev/null 2>&1 &' </dev/null >/dev/null 2>&1")
     # Wait for the sleep itself: the session's shells also mention the marker while they exit.
-    assert _wait_for(lambda: len(_sleepers(marker)) == 1, 10)
+    assert wait_until(lambda: len(_sleepers(marker)) == 1, 10)
     (orphan,) = _sleepers(marker)
     init = inst.extra["init_pid"]
     assert (
@@ -292,7 +284,7 @@ def test_preempt_notice_reaches_all_three_protocols_then_the_vm_dies(local_vms, 
     assert out.split() == ["gcp", "True"]
     assert _by_id(provider)[vm_id].state is InstanceState.RUNNING
 
-    assert _wait_for(lambda: _by_id(provider)[vm_id].state is InstanceState.PREEMPTED, 5)
+    assert wait_until(lambda: _by_id(provider)[vm_id].state is InstanceState.PREEMPTED, 5)
     assert time.time() >= deadline - 0.05
     gone = _by_id(provider)[vm_id]
     assert gone.reason.startswith("spot preemption: notice at ") and "deadline" in gone.reason

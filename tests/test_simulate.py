@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from spotrun.errors import SpotrunError
+from spotrun.recipe.run_command import steps_from_run
 from spotrun.simulate.figures import DEFAULT_FIGURES, Figures, load_figures, record_figures
-from spotrun.simulate.policies import run_simulation, steps_from_run
+from spotrun.simulate.policies import run_simulation
 from spotrun.simulate.report import render_table, terminal_chart, to_json, write_chart
 from spotrun.simulate.traces import Trace
 
@@ -182,6 +183,9 @@ def test_steps_come_from_the_run_command_or_the_caller(tmp_path: Path) -> None:
     assert steps_from_run("python train.py --steps 9000") == 9000
     assert steps_from_run("python train.py --steps=12 --lr 3") == 12
     assert steps_from_run("python train.py") is None
+    assert steps_from_run("torchrun x.py --max-steps=500") == 500  # the TUI's step goal: the same parser
+    assert steps_from_run("python train.py --eval-steps 5 --steps 1.5") is None
+    assert steps_from_run("sh -c 'python train.py --steps 30'") == 30
     path = recipe(tmp_path)
     assert run_simulation(path, [FULL], ["on-demand"], figures=FIGURES, steps=50).steps == 50
     path.write_text(path.read_text().replace(" --steps 100", ""))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
+from polling import wait_until
 
 from spotrun.errors import ControlPlaneError
 from spotrun.state import etcd_server as etcd_mod
@@ -28,15 +28,6 @@ from spotrun.state.records import (
 from spotrun.state.schema import ChaosMark, Kind, RdzvPart
 from spotrun.state.store import Store
 from spotrun.state.watch import WatchEvent
-
-
-def _wait(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _node(cluster: str, node_id: str, state: NodeState = NodeState.RUNNING) -> NodeRecord:
@@ -209,7 +200,7 @@ def test_rendezvous_membership(store: Store, cluster: str) -> None:
         assert store.release_rdzv_member(cluster, "n1") and not store.release_rdzv_member(cluster, "n1")
         assert not store.is_rdzv_member(cluster, "n1")
         store.delete(schema.rdzv_key(cluster, cluster, RdzvPart.WAITING, "n2"))
-        assert _wait(lambda: len(seen) == 2)
+        assert wait_until(lambda: len(seen) == 2)
     finally:
         handle.cancel()
     assert seen == [("put", "n2"), ("delete", "n2")]
@@ -242,7 +233,7 @@ def test_watch_node_sees_only_its_own_record(store: Store, cluster: str) -> None
         assert handle.connected.wait(5)
         store.put_node(_node(cluster, "n10"))  # shares the prefix nodes/n1
         store.put_node(_node(cluster, "n1"))
-        assert _wait(lambda: len(seen.events) == 1)
+        assert wait_until(lambda: len(seen.events) == 1)
         time.sleep(0.2)
     finally:
         handle.cancel()
@@ -257,7 +248,7 @@ def test_watch_standby_sees_the_activation(store: Store, cluster: str) -> None:
     try:
         assert handle.connected.wait(5) and store.is_standby(cluster, "n1")
         assert store.activate_standby(cluster, "n11") and store.activate_standby(cluster, "n1")
-        assert _wait(lambda: len(seen.events) == 1)
+        assert wait_until(lambda: len(seen.events) == 1)
         time.sleep(0.2)
     finally:
         handle.cancel()
@@ -316,7 +307,7 @@ def test_lease_keepalive_keeps_key_and_expiry_removes_it(store: Store, cluster: 
     finally:
         keeper.stop(revoke=False)  # as if the agent died
     stopped = time.monotonic()
-    assert _wait(lambda: store.list_alive(cluster) == set(), timeout=ttl + 3)
+    assert wait_until(lambda: store.list_alive(cluster) == set(), timeout=ttl + 3)
     assert time.monotonic() - stopped > 0.5  # it expired, it was not revoked
 
 
@@ -350,10 +341,10 @@ def test_watch_sees_put_and_delete_and_reports_latency(store: Store, cluster: st
             k = f"{prefix}progress/lat{i}"
             t0 = time.perf_counter()
             store.put(k, b"x")
-            assert _wait(lambda: k in seen.arrived, 5.0), f"watch never saw {k}"
+            assert wait_until(lambda: k in seen.arrived, 5.0), f"watch never saw {k}"
             latencies.append(seen.arrived[k] - t0)
         store.delete(f"{prefix}progress/lat0")
-        assert _wait(lambda: seen.events[-1].kind == "delete", 5.0)
+        assert wait_until(lambda: seen.events[-1].kind == "delete", 5.0)
     finally:
         handle.cancel()
     latencies.sort()
@@ -369,7 +360,7 @@ def test_watch_from_revision_replays_history(store: Store, cluster: str) -> None
     seen = _Collector()
     handle = store.watch_prefix(prefix, seen, start_revision=first)
     try:
-        assert _wait(lambda: len(seen.events) == 2)
+        assert wait_until(lambda: len(seen.events) == 2)
     finally:
         handle.cancel()
     assert [e.key for e in seen.events] == [prefix + "a", prefix + "b"]
@@ -395,9 +386,9 @@ def test_watch_resyncs_after_compaction(store: Store, cluster: str) -> None:
     seen = _Collector()
     handle = store.watch_prefix(prefix, seen, start_revision=start)
     try:
-        assert _wait(lambda: len(seen.events) >= 3)
+        assert wait_until(lambda: len(seen.events) >= 3)
         store.put(prefix + "nodes/c", b"4")
-        assert _wait(lambda: any(e.key.endswith("/c") for e in seen.events))
+        assert wait_until(lambda: any(e.key.endswith("/c") for e in seen.events))
     finally:
         handle.cancel()
     kinds = [(e.kind, e.key.rsplit("/", 1)[-1], e.value) for e in seen.events]
@@ -414,7 +405,7 @@ def test_watch_resumes_after_etcd_restart(etcd_process: etcd_mod.EtcdProcess, cl
     try:
         for i in range(3):
             written.append(st.put(f"{prefix}nodes/before{i}", str(i)))
-        assert _wait(lambda: len(seen.events) == 3)
+        assert wait_until(lambda: len(seen.events) == 3)
 
         etcd_process.stop()
         time.sleep(0.5)  # the watcher notices and starts retrying
@@ -426,8 +417,8 @@ def test_watch_resumes_after_etcd_restart(etcd_process: etcd_mod.EtcdProcess, cl
             for i in range(3):
                 written.append(other.put(f"{prefix}nodes/after{i}", str(i)))
         # And the original client recovers as well (its endpoint may be marked failed for ~1 s).
-        assert _wait(lambda: _try_put(st, f"{prefix}nodes/late", written), timeout=10)
-        assert _wait(lambda: len(seen.events) >= len(written), timeout=10), (written, seen.events)
+        assert wait_until(lambda: _try_put(st, f"{prefix}nodes/late", written), timeout=10)
+        assert wait_until(lambda: len(seen.events) >= len(written), timeout=10), (written, seen.events)
         time.sleep(0.2)
     finally:
         handle.cancel()

@@ -17,30 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_training_e2e import SCRIPTS, Job
+from local_recipe import SHARED_STEPS_ENV, local_recipe
+from test_training_e2e import SCRIPTS, Job, steps_run
 
 from spotrun.errors import ControlPlaneError
 from spotrun.state import clusterfile, etcd_server
 from spotrun.state.store import connect
 
 pytestmark = pytest.mark.slow
-
-RECIPE = """\
-name: {name}
-resources:
-  - provider: local
-    instance_type: cpu-small
-    prices: {{spot: 0.10, on_demand: 0.40}}
-nodes: {{min: 1, max: 3, target: 2}}
-workdir: work
-run: python steps.py --steps 60 --delay 0.01 --samples 500 --batch 24
-env: {{OMP_NUM_THREADS: 1, STEPS_LOG_DIR: /run/spotrun/shared/steps}}
-checkpoint: {{every_steps: 20, keep: 2}}
-control_plane:
-  mode: external
-  endpoints: ["https://127.0.0.1:{port}"]
-  tls: {{ca: tls/ca.pem, cert: tls/client.pem, key: tls/client-key.pem}}
-"""
 
 
 def _write_pki(directory: Path) -> None:
@@ -168,7 +152,21 @@ def test_vms_reach_a_tls_etcd_with_the_shipped_certificates(
     (recipe_dir / "work").mkdir()
     shutil.copy(SCRIPTS / "steps.py", recipe_dir / "work" / "steps.py")
     recipe = recipe_dir / "tls.yaml"
-    recipe.write_text(RECIPE.format(name="tls-e2e", port=port))
+    recipe.write_text(
+        local_recipe(
+            "tls-e2e",
+            target=2,
+            max_nodes=3,
+            run=steps_run(60, 0.01),
+            env=SHARED_STEPS_ENV,
+            checkpoint={"every_steps": 20, "keep": 2},
+            control_plane={
+                "mode": "external",
+                "endpoints": [f"https://127.0.0.1:{port}"],
+                "tls": {"ca": "tls/ca.pem", "cert": "tls/client.pem", "key": "tls/client-key.pem"},
+            },
+        )
+    )
     job = Job(home, "tls-e2e", recipe)
     try:
         job.up(controller=False)

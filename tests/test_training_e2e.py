@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from local_recipe import SHARED_STEPS_ENV, local_recipe
+from polling import wait_until
 
 from spotrun.controller.bootstrap import QuietReporter
 from spotrun.controller.daemon import stop_daemon
@@ -21,19 +23,11 @@ from spotrun.state.control_plane import connect_endpoints
 pytestmark = pytest.mark.slow
 
 SCRIPTS = Path(__file__).parent / "trainer_scripts"
-RECIPE = """\
-name: {name}
-resources:
-  - provider: local
-    instance_type: cpu-small
-    prices: {{spot: 0.10, on_demand: 0.40}}
-nodes: {{min: 1, max: 4, target: {target}}}
-workdir: work
-run: python steps.py --steps {steps} --delay {delay} --samples 500 --batch 24
-env: {{OMP_NUM_THREADS: 1, STEPS_LOG_DIR: /run/spotrun/shared/steps}}
-checkpoint: {{every_steps: 25, keep: 3}}
-control_plane: {{mode: external, endpoints: ["{endpoint}"]}}
-"""
+
+
+def steps_run(steps: int, delay: float) -> str:
+    """The run command of tests/trainer_scripts/steps.py."""
+    return f"python steps.py --steps {steps} --delay {delay} --samples 500 --batch 24"
 
 
 class Job:
@@ -76,12 +70,9 @@ class Job:
         ]
 
     def wait(self, check, timeout: float = 90.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                tail = "\n".join(log.read_text(errors="replace")[-1500:] for log in self.train_logs())
-                raise AssertionError(f"{what} not reached in {timeout:.0f} s; train logs:\n{tail}")
-            time.sleep(0.2)
+        if not wait_until(check, timeout, 0.2):
+            tail = "\n".join(log.read_text(errors="replace")[-1500:] for log in self.train_logs())
+            raise AssertionError(f"{what} not reached in {timeout:.0f} s; train logs:\n{tail}")
 
     def at_world(self, world: int, after: float = 0.0) -> bool:
         return any(w == world and t > after for t, _, w in self.steps())
@@ -119,7 +110,14 @@ def job_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
     def make(name: str, *, target: int = 3, steps: int = 300, delay: float = 0.03) -> Job:
         recipe = tmp_path / f"{name}.yaml"
         recipe.write_text(
-            RECIPE.format(name=name, target=target, steps=steps, delay=delay, endpoint=etcd_server.endpoint)
+            local_recipe(
+                name,
+                target=target,
+                run=steps_run(steps, delay),
+                env=SHARED_STEPS_ENV,
+                checkpoint={"every_steps": 25, "keep": 3},
+                endpoint=etcd_server.endpoint,
+            )
         )
         job = Job(home, name, recipe)
         jobs.append(job)

@@ -19,6 +19,7 @@ from spotrun.tui.app import SpotrunApp
 from spotrun.tui.screens import ConfirmScreen
 from spotrun.tui.widgets import WorkersTable
 
+from spotrun.errors import ControlPlaneError
 from spotrun.state.records import (
     CheckpointRecord,
     Event,
@@ -315,6 +316,14 @@ async def test_picker_when_no_cluster_named(etcd_server, store, cluster):
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(ids(app)) == 4, what="rows of the picked cluster")
         assert app.cluster == cluster
+
+
+def test_run_refuses_when_no_control_plane_is_known(tmp_path, monkeypatch):
+    from spotrun.tui.app import run
+
+    monkeypatch.setenv("SPOTRUN_HOME", str(tmp_path))  # no cluster record, no embedded etcd
+    with pytest.raises(ControlPlaneError, match="the embedded etcd is not running and no endpoint was given"):
+        run("nowhere")
 
 
 # --- snapshots ----------------------------------------------------------------------------------

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 from spotrun.tui.feed import LatestSlot
-from spotrun.tui.model import ClusterState, Snapshot, arrange, fmt_duration, total_steps
+from spotrun.tui.model import ClusterState, Snapshot, arrange, total_steps
 
 from spotrun.controller import scaling
 from spotrun.errors import NotFoundError, SpotrunError
+from spotrun.fmt import duration
 from spotrun.state.records import CheckpointRecord, NodeRecord, NodeState, Notice, Progress, encode
 from spotrun.state.schema import Kind, cluster_prefix, key
 from spotrun.state.watch import WatchEvent
@@ -138,7 +139,7 @@ def test_latest_slot_keeps_only_the_newest():
 def test_helpers():
     assert total_steps("torchrun x.py --max-steps=500") == 500
     assert total_steps("python x.py") is None
-    assert fmt_duration(59) == "0m59s" and fmt_duration(3700) == "1h01m" and fmt_duration(None) == "-"
+    assert duration(59) == "0m59s" and duration(3700) == "1h01m" and duration(None) == "-"
 
 
 # --- spotrun.controller.scaling against the real etcd ---------------------------------------------------

@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+from polling import wait_until
 from test_tui import populate
 
 pytestmark = pytest.mark.slow
@@ -29,6 +30,10 @@ def wait_screen(session: str, condition, timeout: float = 20.0) -> str:
         if time.monotonic() > deadline:
             raise AssertionError(f"screen never matched; last screen:\n{screen}")
         time.sleep(0.1)
+
+
+def _session_ended(session: str) -> bool:
+    return subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0
 
 
 def table_part(screen: str) -> str:
@@ -60,9 +65,6 @@ def test_tui_in_tmux(etcd_server, store, cluster, tmp_path):
         store.put_node(__import__("test_tui").node(cluster, 5, time.time(), zone="lo-b"))
         wait_screen(session, lambda s: "vm-5" in table_part(s))
         subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
-        deadline = time.monotonic() + 10
-        while subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0:
-            assert time.monotonic() < deadline, "the TUI did not quit on q"
-            time.sleep(0.1)
+        assert wait_until(lambda: _session_ended(session), 10, 0.1), "the TUI did not quit on q"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

@@ -1,1 +1,4 @@
-"""Textual TUI for spotrun, installed as `spotrun.tui`; reads cluster state through spotrun.state.store only."""
+"""Textual TUI for spotrun, installed as `spotrun.tui`.
+
+It reads cluster state through spotrun.state and acts through spotrun.client.api, nothing else.
+"""

@@ -2,14 +2,16 @@
 
 Entry points: `run(cluster, endpoints)` (what the CLI calls) and `python -m spotrun.tui.app
 [CLUSTER] --endpoint URL`. All cluster state arrives through `spotrun.tui.feed.Feed` (a watch on
-the cluster's keys in a thread worker); actions go through the same core functions as the CLI
-(`spotrun.controller.scaling`, `spotrun.client.nodes`). The TUI never talks to a cloud or a VM itself.
+the cluster's keys in a thread worker). The connection and the actions go through
+`spotrun.client.api`, the same path and core functions as the CLI's commands; the TUI never
+talks to a cloud or a VM itself.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 from spotrun.tui.feed import Feed, LatestSlot
 from spotrun.tui.model import Snapshot
@@ -17,15 +19,16 @@ from spotrun.tui.screens import ConfirmScreen, HelpScreen, LogScreen, PickerScre
 from spotrun.tui.widgets import Panel, WorkersTable, checkpoint_text, costs_text, title_text, training_text
 from textual import work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Footer, Input, Log, Sparkline, Static
 from textual.worker import get_current_worker
 
-from spotrun.errors import ControlPlaneError, SpotrunError
-from spotrun.state.store import Store, connect
+from spotrun.client import api
+from spotrun.errors import SpotrunError
+from spotrun.state.store import Store
 
 PREEMPT_NOTICE_S = 30.0
 
@@ -44,7 +47,7 @@ class SpotrunApp(App[None]):
     CSS_PATH = "spotrun.tcss"
     TITLE = "spotrun"
     ENABLE_COMMAND_PALETTE = False
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter", priority=True),
         Binding("s", "scale", "Scale"),
         Binding("d", "drain", "Drain"),
@@ -58,17 +61,17 @@ class SpotrunApp(App[None]):
 
     def __init__(
         self,
-        endpoints: list[str],
+        endpoints: Sequence[str] = (),
         cluster: str | None = None,
         *,
         clock: Callable[[], float] = time.time,
         interval: float = 0.5,
         tick: float = 1.0,
-        connect: Callable[..., Store] = connect,
     ) -> None:
+        """`endpoints` empty: each cluster's own control plane (`spotrun.client.api.connect`)."""
         super().__init__()
-        self.endpoints, self.cluster = list(endpoints), cluster
-        self.clock, self.interval, self.tick, self._connect = clock, interval, tick, connect
+        self.endpoints, self.cluster = tuple(endpoints), cluster
+        self.clock, self.interval, self.tick = clock, interval, tick
         self.feed: Feed | None = None
         self.snapshot: Snapshot | None = None
         self.snapshots = 0  # how many snapshots were drawn (tests and the bench wait on it)
@@ -103,8 +106,7 @@ class SpotrunApp(App[None]):
             self._start_feed()
 
     def _list_clusters(self) -> list[str]:
-        with self._connect(self.endpoints, timeout=3.0) as store:
-            return store.list_clusters()
+        return api.list_clusters(self.endpoints)
 
     def _picked(self, cluster: str | None) -> None:
         if cluster:
@@ -115,14 +117,14 @@ class SpotrunApp(App[None]):
     # --- the feed --------------------------------------------------------------------------
 
     def _start_feed(self) -> None:
-        assert self.cluster is not None
+        cluster, endpoints = self.cluster, self.endpoints
+        assert cluster is not None
         self.feed = Feed(
-            self.endpoints,
-            self.cluster,
+            cluster,
+            lambda: api.connect(cluster, endpoints),
             clock=self.clock,
             interval=self.interval,
             tick=self.tick,
-            connect=self._connect,
         )
         self._watch_cluster(self.feed)
 
@@ -261,21 +263,18 @@ class SpotrunApp(App[None]):
     @work(thread=True, group="actions")
     def _run_action(self, what: str, nodes: int = 0, node: str = "") -> None:
         """Blocking core calls, off the UI thread; the outcome comes back as an ActionDone message."""
-        from spotrun.client import nodes as node_ops
-        from spotrun.controller import scaling
-
         store, cluster = self.feed.store if self.feed else None, self.cluster
         if store is None or cluster is None:
             return
         try:
             if what == "scale":
-                change = scaling.set_target(store, cluster, nodes)
+                change = api.scale(store, cluster, nodes)
                 text = f"target {change.before if change.before is not None else 'unset'} -> {change.after}"
             elif what == "drain":
-                scaling.drain(store, cluster, node)
+                api.drain(store, cluster, node)
                 text = f"{node}: drain requested"
             else:
-                deadline = node_ops.preempt(cluster, node, PREEMPT_NOTICE_S)
+                deadline = api.preempt(cluster, node, PREEMPT_NOTICE_S)
                 text = f"{node}: preemption notice armed, {max(0, deadline - time.time()):.0f} s left"
             self.post_message(ActionDone(text))
         except SpotrunError as exc:
@@ -287,38 +286,16 @@ class SpotrunApp(App[None]):
         )
 
 
-def resolve_endpoints(cluster: str | None) -> list[str]:
-    """etcd endpoints for `cluster`: the ones this machine recorded for it, else the embedded etcd.
-
-    Raises ControlPlaneError when neither is known.
-    """
-    if cluster:
-        from spotrun.errors import NotFoundError
-        from spotrun.state import clusterfile
-
-        try:
-            return list(clusterfile.load(cluster).endpoints)
-        except NotFoundError:
-            pass
-    from spotrun.state import etcd_server
-
-    info = etcd_server.status()
-    if info is None:
-        raise ControlPlaneError(
-            "the embedded etcd is not running and no endpoint was given",
-            hint="pass --endpoint http://HOST:PORT, or start a cluster with `spotrun up RECIPE`",
-        )
-    return [info.endpoint]
-
-
 def run(cluster: str | None, endpoints: list[str] | None = None) -> None:
     """Run the TUI in this terminal until the user quits. Blocking.
 
-    `cluster` None shows a picker. `endpoints` None: the cluster's recorded endpoints, else the
-    embedded etcd. Raises ControlPlaneError if no endpoint is known; an unreachable etcd is shown
-    in the app (with retries), not raised.
+    `cluster` None shows a picker. `endpoints` None: the cluster's own control plane, reached as
+    `spotrun status` reaches it (recorded external etcd, SSH tunnel to a head VM), else the
+    embedded etcd. Raises ControlPlaneError if none is known; an unreachable etcd is shown in
+    the app (with retries), not raised.
     """
-    SpotrunApp(endpoints or resolve_endpoints(cluster), cluster).run()
+    api.require_control_plane(cluster, endpoints or ())
+    SpotrunApp(endpoints or (), cluster).run()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from spotrun.tui.model import ClusterState, Snapshot
 
 from spotrun.errors import ControlPlaneError
-from spotrun.state.store import Store, connect
+from spotrun.state.store import Store
 from spotrun.state.watch import WatchHandle
 
 HISTORY_POINTS = 120
@@ -52,18 +52,17 @@ class Feed:
 
     def __init__(
         self,
-        endpoints: list[str],
         cluster: str,
+        connect: Callable[[], Store],
         *,
         clock: Callable[[], float] = time.time,
         interval: float = 0.25,
         tick: float = 1.0,
         retry: float = 1.0,
-        connect: Callable[..., Store] = connect,
     ) -> None:
-        self.endpoints, self.cluster = endpoints, cluster
+        """`connect()` opens the cluster's store (blocking; raises ControlPlaneError); called until it succeeds."""
+        self.cluster, self._connect = cluster, connect
         self.clock, self.interval, self.tick, self.retry = clock, interval, tick, retry
-        self._connect = connect
         self.state = ClusterState(cluster)
         self.store: Store | None = None
         self._watch: WatchHandle | None = None
@@ -78,7 +77,7 @@ class Feed:
     def _start(self) -> None:
         """Connect, list the cluster and start the watch. Raises ControlPlaneError."""
         if self.store is None:
-            self.store = self._connect(self.endpoints, timeout=3.0)
+            self.store = self._connect()
         revision = self.store.revision()
         self.state.load(self.store.cluster_keys(self.cluster), revision)
         self._watch = self.store.watch_cluster(self.cluster, self._on_event, start_revision=revision + 1)
@@ -123,7 +122,8 @@ class Feed:
 
     def _build(self, connected: bool) -> Snapshot:
         now = self.clock()
-        error = "" if connected else f"etcd at {', '.join(self.endpoints)} is unreachable"
+        endpoints = self.store.endpoints if self.store is not None else []  # a tunnel's local end for a head VM
+        error = "" if connected else f"etcd at {', '.join(endpoints)} is unreachable"
         snap = self.state.build(now, connected, error, self._history)
         if connected and now - self._last_point >= 1.0:
             self._history.append(snap.training.samples_per_s)

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from spotrun.client.api import steps_from_run
 from spotrun.errors import ControlPlaneError
+from spotrun.fmt import duration
 from spotrun.state.ledger import CostSummary, summarize
 from spotrun.state.records import (
     CheckpointRecord,
@@ -73,7 +75,7 @@ class WorkerRow:
             f"{self.provider}/{self.zone}" if self.zone else self.provider,
             self.instance_type or "-",
             state,
-            fmt_duration(self.uptime_s),
+            duration(self.uptime_s),
             rate,
             f"{self.price_per_hour:.3f}",
         )
@@ -193,13 +195,9 @@ def _progress(raw: bytes) -> Progress:
     return Progress(**{k: data[k] for k in _PROGRESS_FIELDS if k in data})
 
 
-_STEPS = re.compile(r"--(?:max[-_])?steps[= ](\d+)")
-
-
 def total_steps(run: str | None) -> int | None:
     """The run's step goal: a `--steps N` / `--max-steps N` in the recipe's run command, else None."""
-    found = _STEPS.search(run or "")
-    return int(found.group(1)) if found else None
+    return steps_from_run(run or "")
 
 
 class ClusterState:
@@ -397,17 +395,6 @@ class ClusterState:
 
 
 # --- formatting shared by the widgets -------------------------------------------------------
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s >= 86400:
-        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s"
 
 
 def fmt_bytes(n: int) -> str:

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import ClassVar
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Input, Label, Log, OptionList, Static
 from textual.worker import get_current_worker
 
+from spotrun.client import api
 from spotrun.errors import ControlPlaneError, SpotrunError
 
 
 class PickerScreen(Screen[str]):
     """Lists the clusters in etcd; dismisses with the chosen name. Retries while etcd is away."""
 
-    BINDINGS = [Binding("q", "app.quit", "Quit"), Binding("f5", "reload", "Reload")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "app.quit", "Quit"), Binding("f5", "reload", "Reload")]
 
     class Listed(Message):
         def __init__(self, names: list[str] | None, error: str) -> None:
@@ -86,7 +88,10 @@ def worker_sleep(worker, seconds: float) -> None:
 class ConfirmScreen(ModalScreen[bool]):
     """Yes/no for a destructive action; `y`/Enter confirm, `n`/Escape cancel."""
 
-    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n,escape", "answer(False)", "No"),
+    ]
 
     def __init__(self, question: str) -> None:
         super().__init__()
@@ -112,7 +117,7 @@ class ConfirmScreen(ModalScreen[bool]):
 class ScaleScreen(ModalScreen[int | None]):
     """Asks for the new target size; Enter applies, Escape cancels."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, current: int | None, limits: tuple[int, int] | None) -> None:
         super().__init__()
@@ -166,7 +171,7 @@ A [yellow]yellow[/] checkpoint is older than the recipe's checkpoint interval.
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "Close")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "app.pop_screen", "Close")]
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog help"):
@@ -174,9 +179,9 @@ class HelpScreen(ModalScreen[None]):
 
 
 class LogScreen(Screen[None]):
-    """Follows one node's training log (through `spotrun.client.nodes.logs`) until closed."""
+    """Follows one node's training log (through `spotrun.client.api.follow_log`) until closed."""
 
-    BINDINGS = [Binding("escape,q,l", "close", "Close")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,l", "close", "Close")]
 
     class _Stop(Exception):
         pass
@@ -195,8 +200,6 @@ class LogScreen(Screen[None]):
 
     @work(thread=True, exclusive=True)
     def _follow(self) -> None:
-        from spotrun.client import nodes as node_ops
-
         worker = get_current_worker()
         log = self.query_one(Log)
 
@@ -207,7 +210,7 @@ class LogScreen(Screen[None]):
 
         def follow() -> None:
             try:
-                node_ops.logs(self.cluster, self.node, follow=True, emit=emit)
+                api.follow_log(self.cluster, self.node, emit)
             except (self._Stop, RuntimeError):  # RuntimeError: the app has already exited
                 return
             except SpotrunError as exc:

@@ -7,12 +7,14 @@ rendered line by its content, and after an update repaints only the lines whose 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from spotrun.tui.model import COLUMNS, Snapshot, WorkerRow, arrange, fmt_bytes, fmt_count, fmt_duration
+from spotrun.tui.model import COLUMNS, Snapshot, WorkerRow, arrange, fmt_bytes, fmt_count
 from textual import events
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.message import Message
@@ -20,6 +22,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
+
+from spotrun.fmt import duration
 
 # Minimum widths of the columns; spare width goes to the first two.
 _WIDTHS = (12, 13, 10, 12, 7, 7, 7)
@@ -30,8 +34,8 @@ _TONES = ("running", "standby", "booting", "notice", "leaving", "gone")
 class WorkersTable(ScrollView, can_focus=True):
     """The worker rows, sortable (`o`, `r`, or a click on a header) and filterable (the app's `/`)."""
 
-    COMPONENT_CLASSES = {"workers--header", "workers--cursor", *(f"workers--{t}" for t in _TONES)}
-    BINDINGS = [
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"workers--header", "workers--cursor", *(f"workers--{t}" for t in _TONES)}
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up", "cursor(-1)", "Up", show=False),
         Binding("down", "cursor(1)", "Down", show=False),
         Binding("pageup", "cursor(-10)", show=False),
@@ -217,7 +221,7 @@ class WorkersTable(ScrollView, can_focus=True):
 
     def _strip(self, cells, style: Style, width: int) -> Strip:
         parts = []
-        for i, (cell, w) in enumerate(zip(cells, self._widths)):
+        for i, (cell, w) in enumerate(zip(cells, self._widths, strict=False)):
             text = cell if len(cell) <= w else cell[: w - 1] + "…"
             parts.append(text.rjust(w) if i in _RIGHT else text.ljust(w))
         line = " ".join(parts)
@@ -255,7 +259,7 @@ def training_text(snap: Snapshot) -> Text:
     text.append("\nworld ", "dim").append("-" if t.world_size is None else str(t.world_size))
     text.append("  loss ", "dim").append("-" if t.loss is None else f"{t.loss:.4g}")
     text.append("\n").append(fmt_count(t.samples_per_s)).append(" smp/s", "dim")
-    text.append("  ETA ", "dim").append(fmt_duration(t.eta_s))
+    text.append("  ETA ", "dim").append(duration(t.eta_s))
     return text
 
 
@@ -276,7 +280,7 @@ def costs_text(snap: Snapshot) -> Text:
         text.append("no budget cap", "dim")
     else:
         bar = 8
-        full = min(bar, int(round(used * bar)))
+        full = min(bar, round(used * bar))
         colour = "green" if used < 0.75 else ("yellow" if used < 0.9 else "bold red")
         text.append("budget ", "dim").append("█" * full, colour).append("░" * (bar - full), "dim")
         text.append(f" {used * 100:.0f}%", colour)
@@ -290,7 +294,7 @@ def checkpoint_text(snap: Snapshot) -> Text:
         return text.append("no checkpoint yet", "dim")
     warn = "bold yellow" if c.stale else ""
     text.append("step ", "dim").append(f"{c.latest.step:,}", warn).append(f" ({c.count} kept)", "dim")
-    text.append("\nage ", "dim").append(fmt_duration(c.age_s), warn)
+    text.append("\nage ", "dim").append(duration(c.age_s), warn)
     if c.stale:
         text.append(" overdue", warn)
     text.append("\n").append(fmt_bytes(c.latest.bytes)).append("  ")

@@ -8,9 +8,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from spotrun.state.records import Event
 
 # Off a terminal rich assumes 80 columns and truncates table cells; scripts and pipes get room.
 _PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
@@ -24,6 +28,7 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def is_interactive() -> bool:
-    """True only when a person can answer a prompt."""
-    return sys.stdin.isatty() and sys.stdout.isatty()
+def format_event(event: Event) -> str:
+    """One line of cluster history as `events`, `up --attach` and the head bring-up print it."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.at))
+    return f"{event.seq:>5} {stamp} {event.kind:<9} {event.message}"

@@ -293,8 +293,7 @@ def wait_for_nodes(store: Store, cluster: str, target: int, timeout: float) -> l
     """Block until the agents of `target` training nodes (spares aside) are alive, printing the
     cluster's events meanwhile (the head's controller is doing the work). Raises BootstrapError
     at the timeout."""
-    from spotrun.client.console import err
-    from spotrun.client.status import format_event
+    from spotrun.client.console import err, format_event
 
     deadline, since = time.monotonic() + timeout, 0
     while True:

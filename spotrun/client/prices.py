@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spotrun.errors import ProviderError
+from spotrun.fmt import duration
 
 
 @dataclass(frozen=True)
@@ -149,14 +150,6 @@ def render(table: PriceTable, console: Any = None, *, limit: int | None = None) 
             f"{row.on_demand_per_hour:.4f}" if row.on_demand_per_hour else "?",
             f"{row.per_gpu_hour:.4f}" if row.per_gpu_hour is not None else "-",
             f"{row.savings_pct:.0f}%" if row.savings_pct is not None else "?",
-            _age(row.age_s),
+            "static" if row.age_s is None else duration(row.age_s),
         )
     console.print(out)
-
-
-def _age(age_s: float | None) -> str:
-    if age_s is None:
-        return "static"
-    if age_s < 120:
-        return f"{age_s:.0f}s"
-    return f"{age_s / 60:.0f}m" if age_s < 7200 else f"{age_s / 3600:.0f}h"

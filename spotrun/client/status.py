@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from spotrun.fmt import duration
 from spotrun.state.ledger import summarize
 from spotrun.state.records import NodeState, to_dict
 from spotrun.state.store import Store
@@ -98,7 +99,7 @@ def render(statuses: list[dict[str, Any]]) -> None:
                 node["instance_type"],
                 state,
                 "yes" if node["alive"] else "no",
-                _duration(node["uptime_s"]),
+                duration(node["uptime_s"]),
                 f"{node['price_per_hour']:.4f}",
             )
         console.out.print(table)
@@ -132,22 +133,10 @@ def render(statuses: list[dict[str, Any]]) -> None:
             console.out.print(f"  {stamp} {event['kind']:<9} {event['message']}", markup=False)
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    return (
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-    )
 
 
 def _left(deadline: float) -> str:
     return f"{max(0, int(deadline - time.time()))}s"
-
-
-def format_event(event) -> str:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.at))
-    return f"{event.seq:>5} {stamp} {event.kind:<9} {event.message}"
 
 
 def follow_events(
@@ -155,6 +144,8 @@ def follow_events(
 ) -> None:
     """Print the cluster's events as they come (blocks; Ctrl-C ends it). With `until_finished`,
     return once the training job finished on every live node or the cluster was stopped."""
+    from spotrun.client.console import format_event
+
     while True:
         for event in store.list_events(cluster, since=since):
             emit(format_event(event))

@@ -22,8 +22,6 @@ The world they run in (zones, provider, training) is `spotrun.simulate.engine`.
 
 from __future__ import annotations
 
-import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -43,6 +41,7 @@ from spotrun.controller.plan import (
     plan,
 )
 from spotrun.errors import SpotrunError
+from spotrun.recipe.run_command import steps_from_run
 from spotrun.simulate.engine import JobSpec, Sim, zone_info
 from spotrun.simulate.figures import DEFAULT_FIGURES, Figures, load_figures
 from spotrun.simulate.results import PolicyResult, SimulationResult, ZoneInfo
@@ -50,21 +49,6 @@ from spotrun.simulate.traces import Trace
 from spotrun.state.ledger import summarize
 
 POLICIES = ("spotrun", "relaunch-all", "checkpoint-restart", "on-demand")
-
-
-def steps_from_run(run: str) -> int | None:
-    """The `--steps N` (or `--steps=N`) of a recipe's run command, if any."""
-    try:
-        words = shlex.split(run)
-    except ValueError:
-        words = run.split()
-    for i, word in enumerate(words):
-        if word == "--steps" and i + 1 < len(words) and words[i + 1].isdigit():
-            return int(words[i + 1])
-        match = re.fullmatch(r"--steps=(\d+)", word)
-        if match:
-            return int(match.group(1))
-    return None
 
 
 def run_simulation(

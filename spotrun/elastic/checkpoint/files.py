@@ -42,7 +42,8 @@ def _name(step: int) -> str:
     return f"{_PREFIX}{step:09d}"
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks (what a manifest records of its state file)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -76,7 +77,7 @@ def write(directory: Path, step: int, world_size: int, save: Callable[[Path], No
         with state.open("rb") as handle:
             os.fsync(handle.fileno())
         manifest = Manifest(
-            step, world_size, state.stat().st_size, _sha256(state), time.time(), str(final), samples_seen
+            step, world_size, state.stat().st_size, sha256(state), time.time(), str(final), samples_seen
         )
         (tmp / MANIFEST_FILE).write_text(json.dumps(asdict(manifest), indent=2))
         _fsync_dir(tmp)
@@ -98,7 +99,7 @@ def verify(path: Path) -> Manifest | None:
         data = json.loads((path / MANIFEST_FILE).read_text())
         manifest = Manifest(**{**data, "path": str(path)})
         state = path / STATE_FILE
-        if state.stat().st_size != manifest.bytes or _sha256(state) != manifest.sha256:
+        if state.stat().st_size != manifest.bytes or sha256(state) != manifest.sha256:
             return None
         return manifest
     except (OSError, ValueError, TypeError):

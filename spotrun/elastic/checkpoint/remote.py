@@ -25,7 +25,6 @@ except in `verify`/`newest_valid`, where an unreadable checkpoint is just not va
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -40,7 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from spotrun.elastic.checkpoint import files as checkpoint
-from spotrun.elastic.checkpoint.files import MANIFEST_FILE, Manifest
+from spotrun.elastic.checkpoint.files import MANIFEST_FILE, Manifest, sha256
 from spotrun.errors import ProviderError
 
 _log = logging.getLogger("spotrun.checkpoint")
@@ -76,14 +75,6 @@ def _split(url: str | os.PathLike[str]) -> tuple[Any, str]:
     return open_store(url)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # State files `verify` downloaded, kept for `load_state` of the same manifest (no 2nd download).
 _verified: dict[tuple[str, str, str], Path] = {}
 
@@ -107,7 +98,7 @@ def write(
             step,
             world_size,
             state.stat().st_size,
-            _sha256(state),
+            sha256(state),
             time.time(),
             store.url(step_key),
             samples_seen,
@@ -146,7 +137,7 @@ def _verify(store: Any, step_key: str) -> RemoteManifest | None:
         try:
             if not store.download(_key(step_key, manifest.state), local):
                 return None
-            if local.stat().st_size != manifest.bytes or _sha256(local) != manifest.sha256:
+            if local.stat().st_size != manifest.bytes or sha256(local) != manifest.sha256:
                 return None
             cache_key = (manifest.path, manifest.state, manifest.sha256)
             old = _verified.pop(cache_key, None)
