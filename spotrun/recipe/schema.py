@@ -14,7 +14,8 @@ directory. They are resolved and checked only when validation gets a `base_dir` 
 `load_recipe` does; `Recipe.from_json` (the copy stored in etcd) trusts the absolute paths
 it holds and touches no file.
 
-Only pydantic, PyYAML and the standard library are imported: this module is on the CLI path.
+Only pydantic, PyYAML, the standard library and the provider registry (spotrun.providers, which
+loads no SDK) are imported: this module is on the CLI path.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from spotrun.errors import RecipeError
+from spotrun.providers import Feature, has_feature, known_providers, provider_package, with_feature
 from spotrun.recipe.yaml_positions import Document, PathKey, Pos, Problem, format_path, read_document, read_text
 
 __all__ = [
@@ -61,11 +63,11 @@ __all__ = [
     "load_recipe",
 ]
 
-PROVIDERS = ("local", "aws", "gcp", "azure")
+PROVIDERS = tuple(known_providers())
 CONTROL_PLANE_MODES = ("embedded", "external", "head")
 NAME_MAX = 40
 
-Provider = Literal["local", "aws", "gcp", "azure"]
+Provider = str  # one of PROVIDERS: the `_provider` validators check it
 
 _NAME = re.compile(r"[a-z][a-z0-9-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -93,6 +95,11 @@ def _show(value: Any) -> str:
     if isinstance(value, str):
         return repr(value)
     return str(value)
+
+
+def _names(names: typing.Iterable[str]) -> str:
+    """Provider names for a message: 'local', or 'a' or 'b'."""
+    return " or ".join(repr(name) for name in names)
 
 
 def _did_you_mean(word: str, options: typing.Iterable[str]) -> str | None:
@@ -241,9 +248,10 @@ class ResourceCandidate(_Model):
 
     @model_validator(mode="after")
     def _boot_s_local_only(self) -> ResourceCandidate:
-        if self.boot_s is not None and self.provider != "local":
+        if self.boot_s is not None and not has_feature(self.provider, Feature.RECIPE_PRICES):
             raise _fail(
-                "boot_s is only for provider 'local' (it emulates a cloud VM's boot time)",
+                f"boot_s is only for provider {_names(with_feature(Feature.RECIPE_PRICES))}"
+                " (it emulates a cloud VM's boot time)",
                 "remove boot_s: real clouds take the time they take",
                 ("boot_s",),
             )
@@ -251,8 +259,9 @@ class ResourceCandidate(_Model):
 
     @model_validator(mode="after")
     def _zone_in_region(self) -> ResourceCandidate:
-        if self.provider in ("aws", "gcp") and self.region and self.zone and not self.zone.startswith(self.region):
-            example = f"{self.region}-a" if self.provider == "gcp" else f"{self.region}a"
+        suffix = provider_package(self.provider).catalog.ZONE_SUFFIX
+        if suffix is not None and self.region and self.zone and not self.zone.startswith(self.region):
+            example = self.region + suffix
             raise _fail(
                 f"zone {self.zone!r} is not in region {self.region!r}",
                 f"{self.provider} zone names start with their region, e.g. {example}",
@@ -505,9 +514,10 @@ class Recipe(_Model):
         if self.chaos is None:
             return self
         for index, resource in enumerate(self.resources):
-            if resource.provider != "local":
+            if not has_feature(resource.provider, Feature.CHAOS):
                 raise _fail(
-                    f"chaos is only allowed when every resource uses provider 'local'; resources[{index}].provider is {resource.provider!r}",
+                    f"chaos is only allowed when every resource uses provider {_names(with_feature(Feature.CHAOS))}; "
+                    f"resources[{index}].provider is {resource.provider!r}",
                     "remove chaos, or inject preemptions on clouds with `spotrun preempt`",
                     ("chaos",),
                 )
@@ -523,13 +533,13 @@ class Recipe(_Model):
     @model_validator(mode="after")
     def _control_plane_reachable(self) -> Recipe:
         head = self.control_plane.head
-        if head is not None and (head.provider or self.resources[0].provider) == "local":
+        if head is not None and not has_feature(head.provider or self.resources[0].provider, Feature.HEAD_VM):
             raise _fail(
                 "the head VM must be on a cloud provider",
                 "local clusters keep etcd on this machine: use mode embedded",
                 ("control_plane", "head"),
             )
-        clouds = sorted(self.providers - {"local"})
+        clouds = sorted(p for p in self.providers if not has_feature(p, Feature.EMBEDDED_ETCD))
         if self.control_plane.mode == "embedded" and clouds:
             raise _fail(
                 f"{clouds[0]} VMs cannot reach the embedded etcd, which listens on this machine's loopback",
