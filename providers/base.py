@@ -3,21 +3,27 @@
 This is spotrun's own small contract, not libcloud's NodeDriver: five verbs, frozen values,
 a normalized `InstanceState`, and an `extra` dict for anything provider-specific (never a
 subclass). Optional operations are announced by `supports_<feature>` flags and checked with
-`supports()`, so callers never branch on the provider's type or name.
+`supports()`, so callers never branch on the provider's type or name. What callers must know
+before any provider is built is a `Feature` of the provider's package (its catalog's
+`FEATURES`), and how a VM hears of its preemption is the package's `NoticeSpec`.
+
+Standard library only: the node agent on every VM imports this module.
 """
 
 from __future__ import annotations
 
 import enum
+import importlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from spotrun.errors import ProviderError
 
-NoticeProtocol = Literal["aws", "gcp", "azure"]
-NOTICE_PROTOCOLS: tuple[str, ...] = ("aws", "gcp", "azure")
+# The name of a provider whose package speaks a notice protocol of its own (a cloud); the
+# registry lists them: `spotrun.providers.notice_protocols()`.
+NoticeProtocol = str
 
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _PUBLIC_KEY = re.compile(r"^(ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+|sk-[a-z0-9@.-]+) [A-Za-z0-9+/=]+( .*)?$")
@@ -114,15 +120,10 @@ class Instance:
     labels: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
-    def ssh_target(self) -> tuple[str, int, str]:
-        """(host, port, user) for an SSH client."""
-        return self.host, self.ssh_port, self.ssh_user
-
 
 @runtime_checkable
 class Provider(Protocol):
-    """What every provider implements; see providers/local.py for the reference behaviour.
+    """What every provider implements; see providers/local/provider.py for the reference behaviour.
 
     Optional operations, each present only when its flag is True:
       `preempt(instance_id, notice_seconds)` (supports_preempt): inject a spot preemption.
@@ -160,3 +161,76 @@ class Provider(Protocol):
 def supports(provider: object, feature: str) -> bool:
     """Whether `provider` offers an optional operation, e.g. `supports(p, "preempt")`."""
     return bool(getattr(provider, f"supports_{feature}", False))
+
+
+class Feature(str, enum.Enum):
+    """What a provider offers that callers must know before building one (recipe validation,
+    `spotrun up`, the controller); each package lists its own in `catalog.FEATURES`."""
+
+    HEAD_VM = "head_vm"  # it can host etcd and the controller on an on-demand head VM
+    EMBEDDED_ETCD = "embedded_etcd"  # its VMs reach this machine's loopback, so the embedded etcd
+    CHAOS = "chaos"  # the controller can play a recipe's chaos schedule on it (its class supports preempt)
+    # It takes its price table from the recipe (`prices`, `boot_s`: `prices=` of its class);
+    # its catalog's DEFAULT_PRICES are the entries the recipe does not give.
+    RECIPE_PRICES = "recipe_prices"
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    """One answer of a metadata endpoint; error statuses are replies too."""
+
+    status: int
+    body: str
+    headers: Mapping[str, str]
+
+
+# `fetch(method, path, headers, wait_s=0)`: one request to the VM's metadata endpoint, allowed
+# `wait_s` longer than the watcher's timeout (a long poll). Network errors raise OSError.
+Fetch = Callable[..., HttpReply]
+
+
+class NoticeReader(Protocol):
+    """One VM's side of a cloud's notice protocol. Keeps what the protocol needs between polls
+    (a token, an ETag, the VM's name); one reader per watcher, not thread-safe."""
+
+    @property
+    def can_wait(self) -> bool:
+        """Whether the next `poll(wait_s=...)` blocks until the value changes (a long poll)."""
+        ...
+
+    def poll(self, fetch: Fetch, *, wait_s: int = 0) -> tuple[float, str] | None:
+        """(deadline epoch s, raw notice) if a notice is out, else None. With `wait_s` and
+        `can_wait`, blocks up to `wait_s` seconds for a change. Raises OSError, ValueError, KeyError or
+        TypeError on any network or protocol error (the watcher logs it and tries again)."""
+        ...
+
+
+@dataclass(frozen=True)
+class NoticeSpec:
+    """A cloud's notice protocol as its package's `notices.PROTOCOL` declares it.
+
+    `reader(lead_s)` makes a fresh `NoticeReader`; `lead_s` is the notice's lead time to assume
+    where the protocol gives no deadline (GCP)."""
+
+    base_url: str  # the metadata endpoint on a real VM of this cloud
+    poll_interval_s: float  # pause between plain polls
+    reader: Callable[[float], NoticeReader]
+
+
+def lazy_attribute(package: str, name: str, module: str) -> Callable[[str], Any]:
+    """A module-level `__getattr__` for `package` that imports `name` from `module` on first
+    use, so a provider package re-exports its provider class without importing it up front."""
+
+    def __getattr__(attribute: str) -> Any:
+        if attribute != name:
+            raise AttributeError(f"module {package!r} has no attribute {attribute!r}")
+        return getattr(importlib.import_module(module), name)
+
+    return __getattr__
+
+
+def environ_matching(wanted: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` named in `wanted`, or starting with one of its entries that
+    end in '_' (prefixes such as "SPOTRUN_AWS_")."""
+    prefixes = tuple(w for w in wanted if w.endswith("_"))
+    return {k: v for k, v in environ.items() if k in wanted or (prefixes and k.startswith(prefixes))}

@@ -1,26 +1,20 @@
 """Object storage behind one tiny interface, through libcloud's storage drivers.
 
 `open_store("s3://bucket/some/prefix")` returns an `ObjectStore` (put a file, get bytes,
-download to a file, list names under a prefix, delete) and the prefix. This is the only module
-that imports libcloud's storage drivers (spotrun/elastic/remote_checkpoint.py builds checkpoints
-on top of it). Every libcloud exception is translated here into ProviderError; a missing object
-is `None` / False, never an exception.
-
-Schemes, credentials and endpoint overrides:
-- `s3://bucket/prefix`: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials, as
-  the aws provider reads them), region from $AWS_REGION / $AWS_DEFAULT_REGION (us-east-1),
-  endpoint from $SPOTRUN_S3_ENDPOINT_URL (moto, MinIO, any S3-compatible store).
-  Tested against moto's S3 server.
-- `gs://bucket/prefix`: the service-account key in $GOOGLE_APPLICATION_CREDENTIALS and its
-  project (libcloud's GoogleStorageDriver). Not tested here (no local GCS server).
-- `azure://container/prefix`: $AZURE_STORAGE_ACCOUNT and $AZURE_STORAGE_KEY, endpoint from
-  $SPOTRUN_AZURE_BLOB_ENDPOINT_URL (e.g. Azurite). Not tested here.
-A driver holds one HTTP connection: an ObjectStore belongs to one thread.
+download to a file, list names under a prefix, delete) and the prefix. Each URL scheme is served
+by the `storage` module of the provider package the registry names for it (s3:// by
+providers/aws/storage.py, gs:// by gcp/, azure:// by azure/): that module builds the libcloud
+driver from its cloud's credentials and endpoint overrides (see each module's docstring), and it
+is imported only when its scheme is used, so reading S3 credentials loads neither the EC2
+provider nor libcloud's compute drivers. spotrun/elastic/checkpoint/remote.py builds checkpoints
+on top of this. Every libcloud exception is translated here into ProviderError; a missing object
+is `None` / False, never an exception. A driver holds one HTTP connection: an ObjectStore
+belongs to one thread.
 """
 
 from __future__ import annotations
 
-import json
+import importlib
 import os
 import re
 from dataclasses import dataclass
@@ -28,20 +22,31 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from spotrun.providers import storage_schemes
+
 from spotrun.errors import ProviderError
 
-SCHEMES = ("s3", "gs", "azure")
-_COLLAPSED = re.compile(r"^(s3|gs|azure):/(?!/)")
+SCHEMES = tuple(storage_schemes())
+_COLLAPSED = re.compile(rf"^({'|'.join(SCHEMES)}):/(?!/)")
+_REMOTE = re.compile(rf"^({'|'.join(SCHEMES)}):/")
 
 
 def is_remote(location: str | os.PathLike[str]) -> bool:
     """Whether `location` names object storage (also after Path() collapsed '//' into '/')."""
-    return bool(re.match(r"^(s3|gs|azure):/", str(location)))
+    return bool(_REMOTE.match(str(location)))
 
 
 def normalize(location: str | os.PathLike[str]) -> str:
     """`location` as a URL with '//' and no trailing slash (Path('s3://b/p') is 's3:/b/p')."""
     return _COLLAPSED.sub(r"\1://", str(location)).rstrip("/")
+
+
+def endpoint_options(url: str) -> dict[str, Any]:
+    """The `secure`, `host` and `port` arguments of a libcloud storage driver for an endpoint
+    override such as http://127.0.0.1:5000 (the scheme's default port when the URL has none)."""
+    parts = urlsplit(url)
+    secure = parts.scheme != "http"
+    return {"secure": secure, "host": parts.hostname, "port": parts.port or (443 if secure else 80)}
 
 
 @dataclass
@@ -141,70 +146,5 @@ def open_store(location: str | os.PathLike[str]) -> tuple[ObjectStore, str]:
             f"checkpoint location {str(location)!r} is not an object storage URL",
             hint="use s3://bucket/prefix, gs://bucket/prefix or azure://container/prefix",
         )
-    driver = _DRIVERS[parts.scheme]()
+    driver = importlib.import_module(storage_schemes()[parts.scheme] + ".storage").driver()
     return ObjectStore(parts.scheme, parts.netloc, driver), parts.path.strip("/")
-
-
-def _s3() -> Any:
-    from libcloud.storage.drivers.s3 import S3StorageDriver
-    from spotrun.providers.aws.provider import credentials
-
-    key, secret, token = credentials()
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    endpoint = os.environ.get("SPOTRUN_S3_ENDPOINT_URL")
-    if endpoint:
-        parts = urlsplit(endpoint)
-        secure = parts.scheme != "http"
-        return S3StorageDriver(
-            key,
-            secret,
-            secure=secure,
-            host=parts.hostname,
-            port=parts.port or (443 if secure else 80),
-            region=region,
-            token=token,
-        )
-    return S3StorageDriver(key, secret, region=region, token=token)
-
-
-def _gs() -> Any:
-    from libcloud.storage.drivers.google_storage import GoogleStorageDriver
-
-    path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-    if not path:
-        raise ProviderError(
-            "no GCP credentials for gs:// checkpoints",
-            hint="set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON key file",
-        )
-    try:
-        account = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ProviderError(f"cannot read GCP credentials {path}: {exc}") from exc
-    return GoogleStorageDriver(
-        account.get("client_email", ""),
-        account.get("private_key", ""),
-        project=account.get("project_id"),
-        auth_type="SA",
-    )
-
-
-def _azure() -> Any:
-    from libcloud.storage.drivers.azure_blobs import AzureBlobsStorageDriver
-
-    account, key = os.environ.get("AZURE_STORAGE_ACCOUNT"), os.environ.get("AZURE_STORAGE_KEY")
-    if not account or not key:
-        raise ProviderError(
-            "no Azure storage credentials for azure:// checkpoints",
-            hint="set AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY",
-        )
-    endpoint = os.environ.get("SPOTRUN_AZURE_BLOB_ENDPOINT_URL")
-    if endpoint:
-        parts = urlsplit(endpoint)
-        secure = parts.scheme != "http"
-        return AzureBlobsStorageDriver(
-            account, key, secure=secure, host=parts.hostname, port=parts.port or (443 if secure else 80)
-        )
-    return AzureBlobsStorageDriver(account, key)
-
-
-_DRIVERS = {"s3": _s3, "gs": _gs, "azure": _azure}

@@ -100,7 +100,7 @@ def test_missing_credentials_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_credentials_file_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from spotrun.providers.aws.provider import credentials
+    from spotrun.providers.aws.credentials import keys
 
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     path = tmp_path / "credentials"
@@ -109,9 +109,9 @@ def test_credentials_file_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
         "[work]\naws_access_key_id = C\naws_secret_access_key = D\naws_session_token = T\n"
     )
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(path))
-    assert credentials() == ("A", "B", None)
+    assert keys() == ("A", "B", None)
     monkeypatch.setenv("AWS_PROFILE", "work")
-    assert credentials() == ("C", "D", "T")
+    assert keys() == ("C", "D", "T")
 
 
 def test_offers_have_live_spot_prices_and_age(provider: AwsProvider) -> None:

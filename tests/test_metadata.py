@@ -76,7 +76,7 @@ def test_aws_watcher_refreshes_a_rejected_token(tmp_path: Path) -> None:
     first.start()
     port = first.port
     watcher = NoticeWatcher("aws", first.url)
-    assert watcher.poll() is None and watcher._aws_token is not None
+    assert watcher.poll() is None and watcher.reader.token is not None
     first.close()
     second = MetadataServer(tmp_path, {"id": "vm-1"}, port=port)  # a restarted endpoint forgets tokens
     second.start()
@@ -123,7 +123,7 @@ def test_gcp_watcher_wait_wakes_on_notice_and_on_stop(endpoint: tuple[MetadataSe
 
     threading.Timer(1.5, arm_notice, (vm_dir, 30)).start()
     started = time.monotonic()
-    got = NoticeWatcher("gcp", server.url, long_poll_s=5, gcp_notice_s=30).wait(threading.Event())
+    got = NoticeWatcher("gcp", server.url, long_poll_s=5, lead_s=30).wait(threading.Event())
     assert got is not None and got.source == "gcp" and got.raw == "TRUE"
     assert 1.4 < time.monotonic() - started < 2.5  # woken by the long poll, not by a later poll
     assert got.deadline == pytest.approx(got.received_at + 30)
@@ -163,7 +163,7 @@ def test_azure_watcher_ignores_other_vms_events(tmp_path: Path) -> None:
     server.start()
     try:
         watcher = NoticeWatcher("azure", server.url)
-        watcher._azure_name = "some-other-vm"  # as if the compute name said so
+        watcher.reader.vm_name = "some-other-vm"  # as if the compute name said so
         arm_notice(tmp_path, 30)
         assert watcher.poll() is None
     finally:

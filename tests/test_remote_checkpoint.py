@@ -138,6 +138,43 @@ def test_checkpoint_written_by_one_process_is_resumed_by_a_fresh_one(url: str, e
     assert json.loads(resumed.stdout) == {"step": 42, "world_size": 4, "samples_seen": 4200, "w": [7.0, 7.0, 7.0]}
 
 
+# What a forked training worker does: import the trainer, then write and resume a checkpoint in
+# a local directory, then on S3; prints the provider, libcloud-compute and gRPC modules loaded
+# after each.
+WORKER = """
+import json, sys
+from pathlib import Path
+import torch
+import spotrun.elastic.trainer
+from spotrun.elastic.checkpoint import remote as remote_checkpoint
+seen = {}
+for name, location in (("local", Path(sys.argv[1])), ("s3", sys.argv[2])):
+    module = remote_checkpoint.module_for(location)
+    module.write(location, 3, 1, lambda p: torch.save({"step": 3}, p))
+    assert module.load_state(module.newest_valid(location))["step"] == 3
+    seen[name] = sorted(m for m in sys.modules if m.startswith(("spotrun.providers", "libcloud.compute.", "grpc")))
+print(json.dumps(seen))
+"""
+
+
+def test_training_workers_import_only_the_storage_they_use(url: str, env: dict[str, str], tmp_path: Path) -> None:
+    """No provider code at all for a local checkpoint dir; for s3:// the S3 storage module and
+    its credentials, never the EC2 provider or libcloud's compute drivers."""
+    worker = subprocess.run(
+        [sys.executable, "-c", WORKER, str(tmp_path / "checkpoints"), url],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert worker.returncode == 0, worker.stderr
+    seen = json.loads(worker.stdout)
+    assert seen["local"] == []
+    assert {"spotrun.providers.aws.storage", "spotrun.providers.aws.credentials"} <= set(seen["s3"])
+    assert "spotrun.providers.aws.provider" not in seen["s3"]
+    assert not [m for m in seen["s3"] if m.startswith(("libcloud.compute.drivers", "grpc"))]
+
+
 def test_missing_bucket_and_bad_scheme_are_one_line(env: dict[str, str]) -> None:
     from spotrun.errors import ProviderError
 

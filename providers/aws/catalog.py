@@ -1,4 +1,5 @@
-"""EC2 instance types spotrun offers by default: vCPUs, GPUs and a fallback on-demand list price.
+"""What AWS offers: its features, zone names, and the EC2 instance types spotrun offers by default
+(vCPUs, GPUs and a fallback on-demand list price).
 
 On-demand prices come from libcloud's pricing data per region when it has them (it returns 0.0
 for many GPU types in some regions); the `list_price` here (us-east-1 Linux, USD/h) fills the gap.
@@ -8,6 +9,11 @@ Spot prices are always live (DescribeSpotPriceHistory). Extend with `AwsProvider
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from spotrun.providers.base import Feature
+
+FEATURES = frozenset({Feature.HEAD_VM})
+ZONE_SUFFIX = "a"  # us-east-1 -> us-east-1a
 
 
 class InstanceShape(NamedTuple):

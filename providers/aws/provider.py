@@ -1,4 +1,4 @@
-"""AWS EC2 spot VMs through libcloud (see aws_driver.py for the fixes libcloud needs).
+"""AWS EC2 spot VMs through libcloud (see driver.py for the fixes libcloud needs).
 
 What a launch creates, all tagged `spotrun=1` and `spotrun-cluster=<cluster>` so `cleanup` and
 crash recovery find everything:
@@ -28,7 +28,6 @@ Tested against moto's EC2 server (tests/test_aws.py), never against AWS itself.
 from __future__ import annotations
 
 import base64
-import configparser
 import hashlib
 import json
 import os
@@ -42,6 +41,8 @@ from typing import Any
 from xml.etree.ElementTree import Element
 
 from spotrun.providers.aws.catalog import CATALOG, InstanceShape, on_demand_price
+from spotrun.providers.aws.credentials import keys
+from spotrun.providers.aws.notices import BASE_URL as METADATA_URL
 from spotrun.providers.base import Instance, InstanceState, LaunchSpec, Offer
 
 from spotrun import log
@@ -52,7 +53,6 @@ _log = log.get("providers.aws")
 
 DEFAULT_REGIONS = ("us-east-1", "us-east-2", "us-west-2")
 DEFAULT_IMAGE_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
-METADATA_URL = "http://169.254.169.254"
 TAG_SPOTRUN, TAG_CLUSTER, TAG_KEY = "spotrun", "spotrun-cluster", "spotrun:idempotency-key"
 TAG_HOST_KEY, TAG_PRICE, TAG_ON_DEMAND = "spotrun:host-key", "spotrun:price", "spotrun:on-demand"
 TAG_INDEX = "spotrun:index"
@@ -95,32 +95,6 @@ FAILED_REASONS = frozenset(
     }
 )
 _STATES = {"pending": InstanceState.PENDING, "running": InstanceState.RUNNING}
-
-
-def credentials() -> tuple[str, str, str | None]:
-    """(access key, secret, session token) from the environment, else ~/.aws/credentials.
-
-    Raises ProviderError naming what to set when neither has them."""
-    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
-    if key and secret:
-        return key, secret, os.environ.get("AWS_SESSION_TOKEN") or None
-    path = Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials").expanduser()
-    profile = os.environ.get("AWS_PROFILE") or "default"
-    parser = configparser.ConfigParser()
-    try:
-        parser.read(path)
-    except configparser.Error as exc:
-        raise ProviderError(f"cannot read AWS credentials file {path}: {exc}") from exc
-    if parser.has_option(profile, "aws_access_key_id") and parser.has_option(profile, "aws_secret_access_key"):
-        return (
-            parser.get(profile, "aws_access_key_id"),
-            parser.get(profile, "aws_secret_access_key"),
-            parser.get(profile, "aws_session_token", fallback=None),
-        )
-    raise ProviderError(
-        "no AWS credentials found",
-        hint=f"set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or add profile [{profile}] to {path}",
-    )
 
 
 class AwsProvider:
@@ -496,7 +470,7 @@ class AwsProvider:
         if region not in drivers:
             from spotrun.providers.aws.driver import SpotrunEC2Driver
 
-            key, secret, token = credentials()
+            key, secret, token = keys()
             try:
                 drivers[region] = SpotrunEC2Driver(
                     key, secret, region=region, token=token, endpoint_url=self.endpoint_url

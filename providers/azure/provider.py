@@ -1,7 +1,7 @@
-"""Azure Spot VMs through libcloud's Azure ARM connection (VM bodies: azure_api.py).
+"""Azure Spot VMs through libcloud's Azure ARM connection (VM bodies: api.py).
 
 libcloud 3.9.1's Azure ARM driver gives spotrun the service-principal login and the
-authenticated JSON connection (fixed in azure_driver.py); its `create_node` cannot make a Spot
+authenticated JSON connection (fixed in driver.py); its `create_node` cannot make a Spot
 VM (no `priority`, `evictionPolicy`, `billingProfile`), its `ex_customdata` is broken (bytes vs
 str) and its API versions predate Spot and `deleteOption`. So spotrun PUTs its own ARM bodies
 (azure_api.vm_body, api-version 2023-03-01) through that connection.
@@ -49,6 +49,9 @@ from datetime import datetime
 from typing import Any
 
 from spotrun.providers.azure import api as azure_api
+from spotrun.providers.azure.catalog import VM_SIZES
+from spotrun.providers.azure.credentials import service_principal
+from spotrun.providers.azure.notices import BASE_URL as METADATA_URL
 from spotrun.providers.base import Instance, InstanceState, LaunchSpec, Offer
 
 from spotrun import log
@@ -63,19 +66,6 @@ DEFAULT_IMAGE = {
     "offer": "0001-com-ubuntu-server-jammy",
     "sku": "22_04-lts-gen2",
     "version": "latest",
-}
-METADATA_URL = "http://169.254.169.254"
-CREDENTIAL_VARS = ("AZURE_TENANT_ID", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_SUBSCRIPTION_ID")
-# (vCPUs, GPUs, GPU name) of the VM sizes spotrun offers on Azure.
-VM_SIZES: dict[str, tuple[int, int, str | None]] = {
-    "Standard_NC4as_T4_v3": (4, 1, "T4"),
-    "Standard_NC6s_v3": (6, 1, "V100"),
-    "Standard_NC12s_v3": (12, 2, "V100"),
-    "Standard_NC24s_v3": (24, 4, "V100"),
-    "Standard_NC24ads_A100_v4": (24, 1, "A100"),
-    "Standard_ND96asr_v4": (96, 8, "A100"),
-    "Standard_D8s_v5": (8, 0, None),
-    "Standard_F16s_v2": (16, 0, None),
 }
 # ARM error codes that mean "no capacity or quota here now" (OperationNotAllowed only for quota).
 CAPACITY_CODES = frozenset(
@@ -104,25 +94,6 @@ CREDENTIAL_CODES = frozenset(
     }
 )
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
-
-
-def credentials() -> tuple[str, str, str, str]:
-    """(tenant, client id, client secret, subscription) from the AZURE_* environment.
-
-    Raises ProviderError naming every variable that is missing."""
-    values = {name: os.environ.get(name, "").strip() for name in CREDENTIAL_VARS}
-    missing = [name for name, value in values.items() if not value]
-    if missing:
-        raise ProviderError(
-            "no Azure credentials found",
-            hint=f"set {', '.join(missing)} (a service principal: `az ad sp create-for-rbac`)",
-        )
-    return (
-        values["AZURE_TENANT_ID"],
-        values["AZURE_CLIENT_ID"],
-        values["AZURE_CLIENT_SECRET"],
-        values["AZURE_SUBSCRIPTION_ID"],
-    )
 
 
 def resource_group(cluster: str) -> str:
@@ -181,7 +152,7 @@ class AzureProvider:
         prices (Linux, cached `price_ttl_s`). The price API needs no credentials, but like every
         cloud provider this raises ProviderError without them (so `spotrun prices` lists only
         launchable clouds), and when the price API cannot be reached."""
-        credentials()
+        service_principal()
         found = []
         for region in self.regions:
             for (where, size), prices in sorted(self._prices(region).items()):
@@ -497,7 +468,7 @@ class AzureProvider:
     # -- plumbing -----------------------------------------------------------------------------
     @property
     def _sub(self) -> str:
-        return f"/subscriptions/{credentials()[3]}"
+        return f"/subscriptions/{service_principal()[3]}"
 
     def _rg(self, group: str) -> str:
         return f"{self._sub}/resourceGroups/{group}"
@@ -508,7 +479,7 @@ class AzureProvider:
         if driver is None:
             from spotrun.providers.azure.driver import AzureApiError, SpotrunAzureDriver
 
-            tenant, client, secret, subscription = credentials()
+            tenant, client, secret, subscription = service_principal()
             try:
                 driver = SpotrunAzureDriver(
                     tenant, subscription, client, secret, endpoint_url=self.endpoint_url, login_url=self.login_url

@@ -10,7 +10,7 @@ Prices: libcloud's static per-vCPU/per-GiB rates (family_price) for the CPU fami
 Cloud Billing Catalog's Compute Engine SKUs (parse_billing_skus, catalog_price) for the GPU
 families, whose machine types are priced from their family's core, RAM and GPU SKUs.
 
-Tested against recorded, real-shaped JSON only (tests/data/gcp/); providers/gcp.py makes the calls.
+Tested against recorded, real-shaped JSON only (tests/data/gcp/); provider.py makes the calls.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spotrun.providers.base import InstanceState, LaunchSpec
+from spotrun.providers.gcp.catalog import MACHINE_TYPES
 
 _NOT_LABEL = re.compile(r"[^a-z0-9_-]+")
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
@@ -29,19 +30,6 @@ _STATES = {
     "STAGING": InstanceState.PENDING,
     "RUNNING": InstanceState.RUNNING,
     "REPAIRING": InstanceState.PENDING,
-}
-# (vCPUs, memory GiB, GPUs, GPU name) of machine types spotrun offers on GCP.
-MACHINE_TYPES: dict[str, tuple[int, float, int, str | None]] = {
-    "n1-standard-4": (4, 15.0, 0, None),
-    "n1-standard-8": (8, 30.0, 0, None),
-    "n1-standard-16": (16, 60.0, 0, None),
-    "n2-standard-8": (8, 32.0, 0, None),
-    "e2-standard-4": (4, 16.0, 0, None),
-    "c2-standard-8": (8, 32.0, 0, None),
-    "a2-highgpu-1g": (12, 85.0, 1, "A100"),
-    "a2-highgpu-8g": (96, 680.0, 8, "A100"),
-    "g2-standard-4": (4, 16.0, 1, "L4"),
-    "g2-standard-48": (48, 192.0, 4, "L4"),
 }
 # The Compute Engine service in Google's Cloud Billing Catalog (`services/<id>/skus`).
 COMPUTE_SERVICE_ID = "6F81-5844-456A"

@@ -1,4 +1,4 @@
-"""Google Compute Engine Spot VMs through libcloud's GCE driver (request bodies: gcp_api.py).
+"""Google Compute Engine Spot VMs through libcloud's GCE driver (request bodies: api.py).
 
 libcloud 3.9.1's GCE driver gives spotrun what it does well: service-account OAuth2 (a JWT
 signed with the key file's RSA key, exchanged for a bearer token), the JSON connection with
@@ -59,12 +59,14 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from spotrun.providers.base import Instance, LaunchSpec, Offer
 from spotrun.providers.gcp import api as gcp_api
+from spotrun.providers.gcp.catalog import MACHINE_TYPES
+from spotrun.providers.gcp.credentials import service_account
+from spotrun.providers.gcp.notices import BASE_URL as METADATA_URL
 
 from spotrun import log
 from spotrun.errors import CapacityError, ProviderError
@@ -74,7 +76,6 @@ _log = log.get("providers.gcp")
 
 DEFAULT_ZONES = ("us-central1-a", "us-central1-b", "us-central1-f", "us-east4-a", "us-west2-a", "europe-west4-a")
 DEFAULT_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
-METADATA_URL = "http://metadata.google.internal"
 # cloud-platform covers the Compute API and the Cloud Billing Catalog (one token for both).
 COMPUTE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 BILLING_ENDPOINT = "https://cloudbilling.googleapis.com"
@@ -109,31 +110,6 @@ def name_pattern(cluster: str) -> re.Pattern[str]:
     sample = gcp_api.instance_name(cluster, "k", 0)
     prefix = sample[: -len("-000000-0")]
     return re.compile(rf"^{re.escape(prefix)}-[0-9a-f]{{6}}-\d+$")
-
-
-def service_account(credentials_file: str | None = None) -> dict[str, Any]:
-    """The service-account key from `credentials_file` or $GOOGLE_APPLICATION_CREDENTIALS.
-
-    Raises ProviderError naming what to set when it is missing, unreadable or not a service key."""
-    path = credentials_file or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-    if not path:
-        raise ProviderError(
-            "no GCP credentials found", hint="set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON key file"
-        )
-    try:
-        data = json.loads(Path(path).expanduser().read_text())
-    except (OSError, ValueError) as exc:
-        raise ProviderError(
-            f"cannot read GCP credentials {path}: {exc}",
-            hint="set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON key file",
-        ) from exc
-    if data.get("type") != "service_account" or not data.get("client_email") or not data.get("private_key"):
-        raise ProviderError(
-            f"GCP credentials {path} are not a service-account key",
-            hint="create one with `gcloud iam service-accounts keys create` and point "
-            "GOOGLE_APPLICATION_CREDENTIALS at it",
-        )
-    return data
 
 
 class GcpProvider:
@@ -195,7 +171,7 @@ class GcpProvider:
         priced: set[tuple[str, str]] = set()
         for zone in self.zones:
             region = zone.rsplit("-", 1)[0]
-            for machine_type, (cpus, _, gpus, gpu_name) in gcp_api.MACHINE_TYPES.items():
+            for machine_type, (cpus, _, gpus, gpu_name) in MACHINE_TYPES.items():
                 prices = gcp_api.family_price(machine_type, region)
                 if prices is None:
                     if catalog is None:

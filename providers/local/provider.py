@@ -6,7 +6,7 @@ ports), notice.json (an armed preemption), terminated.json / failed.json, `home/
 the login user's home inside the VM), its host key, authorized_keys, and logs/vm.log.
 
 Each VM is `unshare --pid --fork --kill-child --mount --propagation private python -m
-spotrun.providers.local.vm <dir>`, detached in its own session; see local_vm.py for what the
+spotrun.providers.local.vm <dir>`, detached in its own session; see vm.py for what the
 init does. Killing the init (SIGKILL) kills every process of the VM. Needs root (namespaces)
 and OpenSSH's sshd.
 """
@@ -29,12 +29,14 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from spotrun.providers.base import NOTICE_PROTOCOLS, Instance, InstanceState, LaunchSpec, NoticeProtocol, Offer
+from spotrun.providers import DEFAULT_NOTICE_PROTOCOL, notice_protocols
+from spotrun.providers.base import Instance, InstanceState, LaunchSpec, NoticeProtocol, Offer
+from spotrun.providers.local.catalog import DEFAULT_PRICES
 from spotrun.providers.local.metadata import arm_notice, iso_utc, read_json, read_notice, write_json_atomic
 from spotrun.providers.local.vm import MODULE, SHARED, VmFiles, VmStartError, log_tail
 
@@ -45,12 +47,6 @@ from spotrun.paths import spotrun_home
 _log = log.get("providers.local")
 
 REGION, ZONE = "local", "local-a"
-# $/h per instance; made up but shaped like a cloud's, so costs flow through the same code.
-DEFAULT_PRICES: dict[str, dict[str, float]] = {
-    "local-cpu-2": {"spot": 0.021, "on_demand": 0.085, "cpus": 2, "gpus": 0},
-    "local-cpu-4": {"spot": 0.042, "on_demand": 0.17, "cpus": 4, "gpus": 0},
-    "local-cpu-8": {"spot": 0.084, "on_demand": 0.34, "cpus": 8, "gpus": 0},
-}
 KILL_WAIT_S = 5.0
 
 
@@ -66,7 +62,7 @@ class LocalProvider:
         self,
         root: Path | None = None,
         prices: Mapping[str, Mapping[str, Any]] | None = None,
-        notice_protocol: NoticeProtocol = "aws",
+        notice_protocol: NoticeProtocol = DEFAULT_NOTICE_PROTOCOL,
         *,
         sshd: str | None = None,
         sshd_extra_config: Sequence[str] = (),
@@ -76,8 +72,8 @@ class LocalProvider:
         delays each VM's sshd like a cloud VM's boot (default 0). `sshd`: the sshd
         binary (absolute). `sshd_extra_config`: lines appended to every VM's sshd_config.
         `launch_timeout`: seconds a VM may take to accept SSH before it counts as failed."""
-        if notice_protocol not in NOTICE_PROTOCOLS:
-            raise ProviderError(f"notice_protocol {notice_protocol!r} is not one of {', '.join(NOTICE_PROTOCOLS)}")
+        if notice_protocol not in notice_protocols():
+            raise ProviderError(f"notice_protocol {notice_protocol!r} is not one of {', '.join(notice_protocols())}")
         self.root = Path(root) if root is not None else spotrun_home() / "local"
         self.prices = {k: dict(v) for k, v in (prices or DEFAULT_PRICES).items()}
         self.notice_protocol: NoticeProtocol = notice_protocol
@@ -365,10 +361,8 @@ class LocalProvider:
         its parent, reaps it and exits. unshare is killed only when there is no init (yet):
         killing both at once would leave the init a zombie of whoever adopts it."""
         for pid in self._pids(files)[:1]:
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def _wait_gone(self, files: VmFiles) -> None:
         deadline = time.monotonic() + KILL_WAIT_S

@@ -20,7 +20,6 @@ members of the cluster) to it.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
@@ -44,20 +43,6 @@ _log = log.get("head")
 HEAD_ETCD_PORT, HEAD_PEER_PORT = 2379, 2380
 HEAD_KEY = "head"  # the head's idempotency key: one head per cluster, whoever launches it
 NODES_TIMEOUT_S = 900.0  # how long `up` waits for the head's controller to bring the workers up
-# Environment a provider's controller needs, by provider: names, and name prefixes.
-CREDENTIAL_ENV = {
-    "aws": (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
-        "SPOTRUN_AWS_",
-    ),
-    "gcp": ("GOOGLE_CLOUD_PROJECT", "SPOTRUN_GCP_"),
-    "azure": ("AZURE_", "SPOTRUN_AZURE_"),
-}
-GCP_KEY_FILE = "gcp-credentials.json"
 
 
 @dataclass(frozen=True)
@@ -140,38 +125,18 @@ def ensure_head(recipe: Recipe, record: ClusterFile) -> Instance:
 
 def credential_env(recipe: Recipe) -> tuple[dict[str, str], dict[str, bytes]]:
     """(env, files) the head's controller needs to call the recipe's providers, from this
-    machine's environment (AWS keys found in ~/.aws/credentials are resolved). Files (a GCP
-    service-account key) go to the head's secrets dir and the env points at them there."""
+    machine's environment, as each provider package's `credentials.head_env` says (e.g. AWS keys
+    found in ~/.aws/credentials are resolved). Files (a GCP service-account key) go to the head's
+    secrets dir and the env points at them there. Raises ProviderError for missing credentials."""
     from spotrun.controller.bootstrap import REMOTE_SECRETS
+    from spotrun.providers import provider_package
 
     env: dict[str, str] = {}
     files: dict[str, bytes] = {}
     for name in sorted(recipe.providers | {recipe.control_plane.head.provider or recipe.resources[0].provider}):
-        wanted = CREDENTIAL_ENV.get(name, ())
-        env.update(
-            {
-                k: v
-                for k, v in os.environ.items()
-                if k in wanted or any(k.startswith(p) for p in wanted if p.endswith("_"))
-            }
-        )
-        if name == "aws":
-            from spotrun.providers.aws.provider import credentials
-
-            key_id, secret, token = credentials()
-            env.update(
-                {
-                    "AWS_ACCESS_KEY_ID": key_id,
-                    "AWS_SECRET_ACCESS_KEY": secret,
-                    **({"AWS_SESSION_TOKEN": token} if token else {}),
-                }
-            )
-        if name == "gcp" and os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
-            try:
-                files[GCP_KEY_FILE] = open(os.environ["GOOGLE_APPLICATION_CREDENTIALS"], "rb").read()
-            except OSError as exc:
-                raise ProviderError(f"cannot read GOOGLE_APPLICATION_CREDENTIALS: {exc}") from exc
-            env["GOOGLE_APPLICATION_CREDENTIALS"] = f"{REMOTE_SECRETS}/{GCP_KEY_FILE}"
+        more_env, more_files = provider_package(name).credentials.head_env(REMOTE_SECRETS)
+        env.update(more_env)
+        files.update(more_files)
     return env, files
 
 

@@ -52,9 +52,6 @@ class PriceTable:
     notes: list[str] = field(default_factory=list)
 
 
-DEFAULT_PROVIDERS = ("local", "aws", "gcp", "azure")
-
-
 def list_prices(
     provider: str | None = None, gpu: str | None = None, *, providers: Sequence[Any] | None = None
 ) -> PriceTable:
@@ -102,7 +99,7 @@ def list_prices(
 def _providers(name: str | None) -> list[Any]:
     from spotrun.providers import get_provider, known_providers
 
-    names = [name] if name else [n for n in DEFAULT_PROVIDERS if n in known_providers()]
+    names = [name] if name else known_providers()
     found = []
     for n in names:
         try:

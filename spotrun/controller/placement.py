@@ -24,13 +24,15 @@ class Placement:
 
 
 def provider_config(candidate: ResourceCandidate) -> dict[str, Any]:
-    """Constructor arguments for the candidate's provider: for local, the recipe's price table
-    entry and emulated boot time, if any."""
-    if candidate.provider != "local" or (candidate.prices is None and candidate.boot_s is None):
-        return {}
-    from spotrun.providers.local.provider import DEFAULT_PRICES
+    """Constructor arguments for the candidate's provider: for one that takes its prices from the
+    recipe (local), the recipe's price table entry and emulated boot time, if any."""
+    from spotrun.providers import Feature, has_feature, provider_package
 
-    entry = dict(DEFAULT_PRICES.get(candidate.instance_type, {}))
+    if not has_feature(candidate.provider, Feature.RECIPE_PRICES) or (
+        candidate.prices is None and candidate.boot_s is None
+    ):
+        return {}
+    entry = dict(provider_package(candidate.provider).catalog.DEFAULT_PRICES.get(candidate.instance_type, {}))
     if candidate.prices is not None:
         gpus = candidate.accelerators.count if candidate.accelerators else 0
         entry = {"spot": candidate.prices.spot, "on_demand": candidate.prices.on_demand, "cpus": 2, "gpus": gpus}

@@ -321,8 +321,3 @@ def _is_host_key_problem(exc: Exception) -> bool:
         return True
     # RejectPolicy raises a plain SSHException for a key not in the pinned set.
     return "not found in known_hosts" in str(exc)
-
-
-def public_key_of(path: Path) -> str:
-    """The OpenSSH public key line of a private key file (`path` + '.pub')."""
-    return Path(f"{path}.pub").read_text().strip()

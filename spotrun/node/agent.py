@@ -215,8 +215,9 @@ class Agent:
     # -- leaving: notices and drains ------------------------------------------------------------
     def _watch_notice(self) -> None:
         from spotrun.node.notices import NoticeWatcher
+        from spotrun.providers import DEFAULT_NOTICE_PROTOCOL
 
-        protocol = self.config.notice_protocol or os.environ.get("SPOTRUN_NOTICE_PROTOCOL", "aws")
+        protocol = self.config.notice_protocol or os.environ.get("SPOTRUN_NOTICE_PROTOCOL", DEFAULT_NOTICE_PROTOCOL)
         watcher = NoticeWatcher(protocol, self.config.metadata_url or os.environ.get("SPOTRUN_METADATA_URL"))
         notice = watcher.wait(self.stop)
         if notice is None:
@@ -340,11 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     and on a small machine bringing up 32 VMs their start-up CPU adds up."""
     import argparse
 
+    from spotrun.providers import notice_protocols
+
     parser = argparse.ArgumentParser(prog="spotrun-agent", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cluster", required=True, help="cluster name")
     parser.add_argument("--node", required=True, help="this VM's node id")
     parser.add_argument("--etcd", action="append", required=True, help="etcd endpoint (repeatable)")
-    parser.add_argument("--notice-protocol", choices=("aws", "gcp", "azure"), help="default: $SPOTRUN_NOTICE_PROTOCOL")
+    parser.add_argument("--notice-protocol", choices=notice_protocols(), help="default: $SPOTRUN_NOTICE_PROTOCOL")
     parser.add_argument("--metadata-url", help="the VM's metadata endpoint; default: $SPOTRUN_METADATA_URL")
     parser.add_argument("--ttl", type=int, default=10, help="liveness lease seconds (default 10)")
     parser.add_argument("--train", action="store_true", help="run the recipe's `run` under the elastic launcher")

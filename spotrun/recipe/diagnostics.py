@@ -45,6 +45,11 @@ def show(value: Any) -> str:
     return str(value)
 
 
+def names(options: typing.Iterable[str]) -> str:
+    """Names for a message: 'local', or 'a' or 'b'."""
+    return " or ".join(repr(name) for name in options)
+
+
 def did_you_mean(word: str, options: typing.Iterable[str]) -> str | None:
     """A "did you mean ...?" hint naming the closest of `options`, or None when none is close."""
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)

@@ -19,7 +19,8 @@ The models live here and in spotrun.recipe.job (nodes, checkpoint, budget, chaos
 types in spotrun.recipe.fields; the translation of validation errors into those lines, with
 hints, in spotrun.recipe.diagnostics.
 
-Only pydantic, PyYAML and the standard library are imported: this module is on the CLI path.
+Only pydantic, PyYAML, the standard library and the provider registry (spotrun.providers, which
+loads no SDK) are imported: this module is on the CLI path.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from spotrun.errors import RecipeError
+from spotrun.providers import Feature, has_feature, known_providers, provider_package, with_feature
 from spotrun.recipe import diagnostics
-from spotrun.recipe.diagnostics import RecipeCheck, choice, fail, show
+from spotrun.recipe.diagnostics import RecipeCheck, choice, fail, names, show
 from spotrun.recipe.fields import (
     Endpoint,
     EnvName,
@@ -66,11 +68,11 @@ __all__ = [
     "load_recipe",
 ]
 
-PROVIDERS = ("local", "aws", "gcp", "azure")
+PROVIDERS = tuple(known_providers())
 CONTROL_PLANE_MODES = ("embedded", "external", "head")
 NAME_MAX = 40
 
-Provider = Literal["local", "aws", "gcp", "azure"]
+Provider = str  # one of PROVIDERS: the `_provider` validators check it
 
 _NAME = re.compile(r"[a-z][a-z0-9-]*")
 _ACCEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -145,9 +147,10 @@ class ResourceCandidate(FrozenModel):
 
     @model_validator(mode="after")
     def _boot_s_local_only(self) -> ResourceCandidate:
-        if self.boot_s is not None and self.provider != "local":
+        if self.boot_s is not None and not has_feature(self.provider, Feature.RECIPE_PRICES):
             raise fail(
-                "boot_s is only for provider 'local' (it emulates a cloud VM's boot time)",
+                f"boot_s is only for provider {names(with_feature(Feature.RECIPE_PRICES))}"
+                " (it emulates a cloud VM's boot time)",
                 "remove boot_s: real clouds take the time they take",
                 ("boot_s",),
             )
@@ -155,8 +158,9 @@ class ResourceCandidate(FrozenModel):
 
     @model_validator(mode="after")
     def _zone_in_region(self) -> ResourceCandidate:
-        if self.provider in ("aws", "gcp") and self.region and self.zone and not self.zone.startswith(self.region):
-            example = f"{self.region}-a" if self.provider == "gcp" else f"{self.region}a"
+        suffix = provider_package(self.provider).catalog.ZONE_SUFFIX
+        if suffix is not None and self.region and self.zone and not self.zone.startswith(self.region):
+            example = self.region + suffix
             raise fail(
                 f"zone {self.zone!r} is not in region {self.region!r}",
                 f"{self.provider} zone names start with their region, e.g. {example}",
@@ -299,9 +303,9 @@ class Recipe(FrozenModel):
         if self.chaos is None:
             return self
         for index, resource in enumerate(self.resources):
-            if resource.provider != "local":
+            if not has_feature(resource.provider, Feature.CHAOS):
                 raise fail(
-                    "chaos is only allowed when every resource uses provider 'local'; "
+                    f"chaos is only allowed when every resource uses provider {names(with_feature(Feature.CHAOS))}; "
                     f"resources[{index}].provider is {resource.provider!r}",
                     "remove chaos, or inject preemptions on clouds with `spotrun preempt`",
                     ("chaos",),
@@ -318,13 +322,13 @@ class Recipe(FrozenModel):
     @model_validator(mode="after")
     def _control_plane_reachable(self) -> Recipe:
         head = self.control_plane.head
-        if head is not None and (head.provider or self.resources[0].provider) == "local":
+        if head is not None and not has_feature(head.provider or self.resources[0].provider, Feature.HEAD_VM):
             raise fail(
                 "the head VM must be on a cloud provider",
                 "local clusters keep etcd on this machine: use mode embedded",
                 ("control_plane", "head"),
             )
-        clouds = sorted(self.providers - {"local"})
+        clouds = sorted(p for p in self.providers if not has_feature(p, Feature.EMBEDDED_ETCD))
         if self.control_plane.mode == "embedded" and clouds:
             raise fail(
                 f"{clouds[0]} VMs cannot reach the embedded etcd, which listens on this machine's loopback",

@@ -27,17 +27,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotrun.errors import SpotrunError
+from spotrun.providers import known_providers, provider_package
 from spotrun.simulate.figures import Figures
 from spotrun.simulate.results import PolicyResult, Sample, ZoneInfo
 from spotrun.simulate.traces import Trace
 from spotrun.state.ledger import summarize
 from spotrun.state.records import LedgerSegment
 
-# Lead time of a preemption notice per provider, in seconds. Sources: AWS "two-minute warning"
-# (EC2 spot instance interruption notices), GCP spot/preemptible "30 seconds" (ACPI G2 soft off),
-# Azure Scheduled Events "minimum 30 seconds" for spot evictions. The local provider's notices
-# are chosen per injection; 30 s is the recipe chaos default (spotrun.recipe.schema.Preemption.notice).
-PROVIDER_NOTICE_S: Mapping[str, float] = {"aws": 120.0, "gcp": 30.0, "azure": 30.0, "local": 30.0}
+# Lead time of a preemption notice per provider, in seconds (each package's `notices.LEAD_S`
+# says where its figure comes from).
+PROVIDER_NOTICE_S: Mapping[str, float] = {name: provider_package(name).notices.LEAD_S for name in known_providers()}
 
 _EPS = 1e-9
 

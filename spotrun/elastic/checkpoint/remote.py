@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -45,6 +46,7 @@ from spotrun.errors import ProviderError
 _log = logging.getLogger("spotrun.checkpoint")
 
 _PREFIX = "step-"
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")  # "scheme:/", also after Path() collapsed "//"
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,12 @@ class RemoteManifest(Manifest):
 
 
 def module_for(location: str | os.PathLike[str]) -> ModuleType:
-    """This module for an object storage URL, else the local spotrun.elastic.checkpoint.files."""
+    """This module for an object storage URL, else the local spotrun.elastic.checkpoint.files.
+
+    A location without a URL scheme is a directory at once: forked training workers with a
+    local checkpoint dir never import provider code."""
+    if not _URL.match(str(location)):
+        return checkpoint
     from spotrun.providers.storage import is_remote
 
     return sys.modules[__name__] if is_remote(location) else checkpoint
