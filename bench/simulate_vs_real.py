@@ -4,7 +4,7 @@ One run, in a temporary $SPOTRUN_HOME, on the quickstart model (recipes/quicksta
 
 1. undisturbed: `up` of nodes.target local VMs, time from the `up` call to the last step.
 2. replay: the same job again while a capacity trace is replayed, time-scaled
-   (`spotrun.simulate.traces.trace_events`): a drop preempts the newest live VMs with a notice so they die
+   (`spotrun.controller.traces.trace_events`): a drop preempts the newest live VMs with a notice so they die
    at the drop (`node_ops.preempt`) and lowers the target to the new capacity
    (`scaling.set_target`, the local cloud has no capacity limit of its own); a rise raises it
    again. Measured goodput = undisturbed time / replay time.
@@ -133,7 +133,7 @@ def main() -> None:
     from spotrun.recipe.schema import load_recipe
     from spotrun.simulate.figures import load_figures
     from spotrun.simulate.policies import simulate
-    from spotrun.simulate.traces import Trace, trace_events
+    from spotrun.controller.traces import Trace, trace_events
 
     scale = args.tick / 300.0
     trace = Trace(300.0, TRACE, "bench")

@@ -347,7 +347,7 @@ def simulate(
     from spotrun.client import console
     from spotrun.simulate.policies import POLICIES, run_simulation
     from spotrun.simulate.report import render_table, terminal_chart, to_json, write_chart
-    from spotrun.simulate.traces import parse_trace_spec
+    from spotrun.controller.traces import parse_trace_spec
 
     result = run_simulation(
         recipe,

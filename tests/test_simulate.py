@@ -22,7 +22,7 @@ from spotrun.recipe.run_command import steps_from_run
 from spotrun.simulate.figures import DEFAULT_FIGURES, Figures, load_figures, record_figures
 from spotrun.simulate.policies import run_simulation
 from spotrun.simulate.report import render_table, terminal_chart, to_json, write_chart
-from spotrun.simulate.traces import Trace
+from spotrun.controller.traces import Trace
 
 FIGURES = Figures(
     recovery_notice_s=2.0, recovery_hard_kill_s=4.0, scale_up_s=3.0, bootstrap_s=5.0, checkpoint_s=0.0, step_s=2.0
@@ -170,7 +170,7 @@ def test_capacity_that_never_comes_back_does_not_finish(tmp_path: Path) -> None:
 
 
 def test_results_are_reproducible(tmp_path: Path) -> None:
-    from spotrun.simulate.traces import poisson_trace
+    from spotrun.controller.traces import poisson_trace
 
     traces = [poisson_trace(4, 24, 0.5, gap_seconds=300, seed=3)]
     path = recipe(tmp_path)

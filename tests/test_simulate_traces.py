@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spotrun.errors import SpotrunError
-from spotrun.simulate.traces import (
+from spotrun.controller.traces import (
     ReplayEvent,
     Trace,
     drought_trace,

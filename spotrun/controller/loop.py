@@ -307,7 +307,7 @@ class Controller:
     def _trace_events(self) -> list:
         """The recipe's chaos trace as replay events, computed once."""
         if self._replay is None:
-            from spotrun.simulate.traces import load_trace, trace_events
+            from spotrun.controller.traces import load_trace, trace_events
 
             spec = self.recipe.chaos
             self._replay = (

@@ -30,7 +30,7 @@ from spotrun.errors import SpotrunError
 from spotrun.providers import known_providers, provider_package
 from spotrun.simulate.figures import Figures
 from spotrun.simulate.results import PolicyResult, Sample, ZoneInfo
-from spotrun.simulate.traces import Trace
+from spotrun.controller.traces import Trace
 from spotrun.state.ledger import summarize
 from spotrun.state.records import LedgerSegment
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotrun.simulate.figures import Figures
-from spotrun.simulate.traces import Trace
+from spotrun.controller.traces import Trace
 
 
 @dataclass(frozen=True)
