@@ -123,9 +123,9 @@ def _stop_controller(cluster: str) -> None:
 
 def _live(cluster: str, exclude: set[str]) -> list[str]:
     """Running VMs of the cluster in launch order, from the provider."""
-    from spotrun.client.nodes import _find
+    from spotrun.client.nodes import find_nodes
 
-    _, found = _find(cluster, None)
+    _, found = find_nodes(cluster, None)
     return [inst.id for _, inst in found if inst.state.value == "running" and inst.id not in exclude]
 
 

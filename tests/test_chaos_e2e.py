@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import yaml
 from test_training_e2e import Job, job_factory  # noqa: F401  (the fixture is reused here)
 
 from spotrun.state import clusterfile
@@ -51,11 +52,9 @@ def test_etcd_restart_during_training_loses_nothing(job_factory, etcd_process, m
     from spotrun.client.nodes import preempt
 
     job = job_factory("restart", steps=900, delay=0.03)
-    job.recipe.write_text(
-        job.recipe.read_text().replace(
-            job.recipe.read_text().split('endpoints: ["')[1].split('"')[0], etcd_process.endpoint
-        )
-    )
+    recipe = yaml.safe_load(job.recipe.read_text())
+    recipe["control_plane"]["endpoints"] = [etcd_process.endpoint]  # an etcd this test may stop
+    job.recipe.write_text(yaml.safe_dump(recipe, sort_keys=False))
     job.up(controller=True)
     job.wait(lambda: job.at_world(3) and job.steps()[-1][1] > 40, what="training at world 3")
     etcd_process.stop()

@@ -235,7 +235,6 @@ def test_joiner_publishes_waiting_key_and_is_not_counted(etcd_server, store, clu
     a, b = _make(handlers, etcd_server, cluster, "a"), _make(handlers, etcd_server, cluster, "b")
     _join_all([a, b])
     c = _make(handlers, etcd_server, cluster, "c")
-    legacy = _make(handlers, etcd_server, cluster, "legacy-view", coordinated_join="0")
     waiting_key = c._backend.waiting_prefix + "c"
     result: dict = {}
     t = threading.Thread(target=lambda: result.update(_join_all([c], timeout=30)))
@@ -245,8 +244,6 @@ def test_joiner_publishes_waiting_key_and_is_not_counted(etcd_server, store, clu
         assert time.time() < deadline, "no waiting key"
         time.sleep(0.02)
     assert a.num_nodes_waiting() == 0  # coordinated: the trainer admits joiners
-    assert legacy.num_nodes_waiting() == 1  # torch's count
-    legacy.finish(closed=False)
     t0 = time.monotonic()
     ranks = _join_all([a, b])  # what a trainer-side restart (exit 75) makes every agent do
     t.join(30)

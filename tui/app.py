@@ -240,7 +240,7 @@ class SpotrunApp(App[None]):
         row = self._selected()
         if row is None or self._store() is None:
             return
-        if row.provider != "local":
+        if not api.can_preempt(row.provider):
             self.notify(
                 f"preempt works with the local provider only; {row.id} runs on {row.provider}", severity="error"
             )

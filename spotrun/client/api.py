@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from spotrun.state.store import Store
 
 __all__ = [
+    "can_preempt",
     "connect",
     "drain",
     "follow_log",
@@ -94,6 +95,13 @@ def preempt(cluster: str, node: str, notice_s: float) -> float:
     from spotrun.client import nodes
 
     return nodes.preempt(cluster, node, notice_s)
+
+
+def can_preempt(provider: str) -> bool:
+    """Whether `preempt` works on VMs of `provider` (it injects preemptions: the local provider)."""
+    from spotrun.providers import Feature, has_feature
+
+    return has_feature(provider, Feature.CHAOS)
 
 
 def follow_log(cluster: str, node: str, emit: Callable[[str, str], None]) -> None:

@@ -15,7 +15,7 @@ AGENT_LOG = "~/.spotrun/agent.log"
 TRAIN_LOG = "~/.spotrun/train.log"  # the launcher's and the training script's output
 
 
-def _find(cluster: str, node: str | None):
+def find_nodes(cluster: str, node: str | None):
     """(provider, instance) pairs of the cluster's live VMs, or the one named `node`."""
     record = clusterfile.load(cluster)
     found = [
@@ -32,7 +32,7 @@ def _find(cluster: str, node: str | None):
 def preempt(cluster: str, node: str, notice_seconds: float) -> float:
     """Arm a preemption notice on `node`; the VM dies at the deadline. Returns the deadline.
     Raises ProviderError where the provider cannot inject preemptions (real clouds)."""
-    _, found = _find(cluster, node)
+    _, found = find_nodes(cluster, node)
     provider, inst = found[0]
     if not supports(provider, "preempt"):
         raise ProviderError(
@@ -52,7 +52,7 @@ def logs(
 ) -> None:
     """Print the training log (or with `agent` the agent's) of one node or all, prefixed;
     with `follow`, until interrupted."""
-    record, found = _find(cluster, node)
+    record, found = find_nodes(cluster, node)
     command = f"tail -n {lines} {'-F ' if follow else ''}{AGENT_LOG if agent else TRAIN_LOG} 2>&1"
     timeouts = SshTimeouts(boot=10, command=10**9 if follow else 60)
 

@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=f"init_process_group timeout for the trainer, via ${COLLECTIVE_TIMEOUT_ENV} (default 60)",
     )
-    p.add_argument("--rdzv-conf", default="", help="extra key=value,... for the rendezvous (e.g. coordinated_join=0)")
+    p.add_argument("--rdzv-conf", default="", help="extra key=value,... for the rendezvous (e.g. gather_timeout=30)")
     p.add_argument(
         "--standby-file",
         default=None,

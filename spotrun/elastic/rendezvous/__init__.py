@@ -26,18 +26,18 @@ torch's `DynamicRendezvousHandler` keeps all membership logic; this package give
      `RendezvousGracefulExitError`. `shutdown()` leaves and never closes the rendezvous; the
      launcher closes it (`finish(closed=True)`) only when the job has finished.
 
-Joins are coordinated by the trainer (conf `coordinated_join=1`, the default): a node waiting for
+Joins are coordinated by the trainer: a node waiting for
 the next round publishes `.../rdzv/<run_id>/waiting/<node>` (bound to its alive lease) and
 `num_nodes_waiting()` reports 0, so torch never kills workers mid-step for a join; spotrun's agent
 sees the key, the trainer checkpoints at a step boundary and its workers exit 75, every agent
-re-rendezvouses and the joiner is admitted. `coordinated_join=0` restores torch's behaviour.
+re-rendezvouses and the joiner is admitted.
 `num_nodes_waiting()` also reports 1 as soon as the round the local workers run in loses a member
 (a lease expired or a node left), so every agent restarts its workers at once rather than waiting
 for a collective to time out.
 
 Conf keys (`--rdzv-conf`): `cluster` (default: the run id), `node` (spotrun node id for the alive
 and waiting keys; default `<host>-<pid>`), `lease_ttl` (s, default 1; an etcd run with etcd's
-default election timeout rounds it up to its minimum, 2 s), `coordinated_join` (default 1),
+default election timeout rounds it up to its minimum, 2 s),
 `expected_nodes` and `gather_timeout` (s, default 15: how long a round's last call waits for
 alive nodes, or in the first round for `expected_nodes`), plus torch's `join_timeout`,
 `last_call_timeout`, `close_timeout`, `heartbeat_timeout`, `keep_alive_interval`,
@@ -59,6 +59,11 @@ the etcd revision), `store` (the c10d store), `handler` (the handler), `torch_pa
 touch of torch's private internals, with the reason), `creator` (what torchrun's entry point
 calls), `fork_guard`.
 """
+
+# torch's rendezvous package loads the `torchrun.handlers` entry points (ours names
+# spotrun.elastic.rendezvous.creator) when it is first imported; importing it before any module of
+# this package starts loading lets that registration import the creator whole, not half-initialized.
+import torch.distributed.elastic.rendezvous  # noqa: F401  (for its side effect, see above)
 
 from spotrun.elastic.rendezvous.backend import BACKEND_NAME, EtcdRendezvousBackend
 from spotrun.elastic.rendezvous.creator import create_handler, handler_creator

@@ -50,7 +50,6 @@ def create_handler(params: RendezvousParameters) -> SpotrunRendezvousHandler:
     lease_ttl = params.get_as_int("lease_ttl", 1)
     if lease_ttl is None or lease_ttl < 1:
         raise ValueError(f"lease_ttl ({lease_ttl}) must be an integer >= 1")
-    coordinated = params.get_as_bool("coordinated_join", True)
     expected = params.get_as_int("expected_nodes")
     gather_s = params.get_as_int("gather_timeout", 15)
     keep_alive_interval = params.get_as_int("keep_alive_interval", 5)
@@ -86,7 +85,6 @@ def create_handler(params: RendezvousParameters) -> SpotrunRendezvousHandler:
             backend,
             node_id=node_id,
             lease_ttl=lease_ttl,
-            coordinated_join=bool(coordinated),
         )
     except BaseException:
         etcd.close()

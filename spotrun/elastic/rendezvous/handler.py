@@ -59,7 +59,6 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         *,
         node_id: str,
         lease_ttl: int = 1,
-        coordinated_join: bool = True,
     ) -> None:
         super().__init__(node, settings, BACKEND_NAME, store, state_holder)
         torch_patches.apply(self)
@@ -68,7 +67,6 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         self._backend = backend
         self._etcd_store = store
         self.node_id = node_id
-        self.coordinated_join = coordinated_join
         self._leave_requested = threading.Event()
         self._left = threading.Event()
         self._leave_lock = threading.Lock()
@@ -161,9 +159,8 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
     def num_nodes_waiting(self) -> int:
         """Nodes waiting to join, as torch's agent polls it (every monitor interval) to restart workers.
 
-        With coordinated joins waiting nodes count 0 (the trainer admits them at a step boundary);
-        with `coordinated_join=0`, torch's count. Either way it reports 1 when the round the local
-        workers run in is broken: a member left it (lease gone, graceful leave) or it was replaced,
+        Waiting nodes count 0: joins are coordinated (the trainer admits them at a step boundary).
+        It reports 1 when the round the local workers run in is broken: a member left it (lease gone, graceful leave) or it was replaced,
         so the agent restarts its workers at once instead of leaving them blocked in a collective
         until its timeout (gloo does not always see a dead peer). Never raises: an unreachable
         etcd counts as "no change" (workers keep running; liveness comes from the lease anyway).
@@ -175,7 +172,6 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         except Exception as exc:
             _log.info("could not read the rendezvous state", extra=log.kv(error=exc))
             return 0
-        waiting = 0 if self.coordinated_join else len(state.wait_list)
         if (
             self._round is not None
             and not state.closed
@@ -187,8 +183,8 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
                     extra=log.kv(node=self.node_id, round=self._round),
                 )
                 self._reported_broken = True
-            return max(waiting, 1)
-        return waiting
+            return 1
+        return 0
 
     # leaving ----------------------------------------------------------------------------------
 
