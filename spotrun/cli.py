@@ -345,9 +345,9 @@ def simulate(
     """Before spending a cent: replay spot traces through the controller's own planner and compare
     spotrun with relaunch-all, checkpoint-restart and on-demand (time, goodput, $, $ per 1000 steps)."""
     from spotrun.client import console
+    from spotrun.controller.traces import parse_trace_spec
     from spotrun.simulate.policies import POLICIES, run_simulation
     from spotrun.simulate.report import render_table, terminal_chart, to_json, write_chart
-    from spotrun.controller.traces import parse_trace_spec
 
     result = run_simulation(
         recipe,

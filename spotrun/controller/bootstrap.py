@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from spotrun import log
-from spotrun.controller.ssh import SshTarget, SshTimeouts, connect, tar_tree
+from spotrun.controller.ssh import DEFAULT_TIMEOUTS, SshTarget, SshTimeouts, connect, tar_tree
 from spotrun.errors import BootstrapError
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class BootstrapPlan:
     env: dict[str, str]
     agent_argv: Callable[[str], list[str]]  # VM name -> the agent's command line on that VM
     key_path: Path
-    timeouts: SshTimeouts = SshTimeouts()
+    timeouts: SshTimeouts = DEFAULT_TIMEOUTS
     secrets: dict[str, bytes] = field(default_factory=dict)  # name -> content, into REMOTE_SECRETS (mode 600)
 
 
@@ -191,7 +191,7 @@ def vm_tls(recipe: Recipe) -> tuple[dict[str, bytes], dict[str, str]]:
         path = tls_path(tls, name)
         if path:
             try:
-                files[f"etcd-{name}.pem"] = open(path, "rb").read()
+                files[f"etcd-{name}.pem"] = Path(path).read_bytes()
             except OSError as exc:
                 raise ControlPlaneError(f"cannot read TLS file: {exc}", hint="check control_plane.tls") from exc
             env[f"SPOTRUN_ETCD_{name.upper()}"] = f"{REMOTE_SECRETS}/etcd-{name}.pem"

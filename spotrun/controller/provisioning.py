@@ -19,7 +19,7 @@ from pathlib import Path
 from spotrun import log
 from spotrun.controller.bootstrap import BootstrapPlan, LogReporter, bootstrap_all, vm_tls
 from spotrun.controller.placement import Placement, placements, providers_of
-from spotrun.controller.ssh import SshTarget, SshTimeouts
+from spotrun.controller.ssh import DEFAULT_TIMEOUTS, SshTarget, SshTimeouts
 from spotrun.controller.ssh_keys import ensure_keypair
 from spotrun.errors import BootstrapError, CapacityError, ProviderError
 from spotrun.paths import cluster_dir
@@ -57,7 +57,7 @@ class Provisioner:
         record: ClusterFile,
         store: Store,
         *,
-        ssh_timeouts: SshTimeouts = SshTimeouts(),
+        ssh_timeouts: SshTimeouts = DEFAULT_TIMEOUTS,
         reporter_factory=None,
     ) -> None:
         self.recipe, self.record, self.store = recipe, record, store
@@ -161,7 +161,7 @@ class Provisioner:
         # spare's agent never joins the job by mistake.
         for inst in launched[len(launched) - intent.standby :] if intent.standby else ():
             self.store.put_standby(self.cluster, inst.id)
-        for inst, replaced in zip(launched, replaces):
+        for inst, replaced in zip(launched, replaces, strict=False):  # replaces is padded with None
             self.record_node(inst, NodeState.BOOTING, replaces=replaced)
             if not self.store.get_ledger(self.cluster, inst.id):
                 self.store.put_ledger(
@@ -221,7 +221,7 @@ class Provisioner:
         )
         with (self.reporter_factory or LogReporter)([t.name for t in targets]) as reporter:
             outcomes = bootstrap_all(targets, plan, reporter)
-        failed = {o.name: o.error for o in outcomes if not o.ok}
+        failed = {o.name: o.error or f"failed at {o.phase}" for o in outcomes if not o.ok}
         ready = [o.name for o in outcomes if o.ok]
         _log.info("agents started; waiting for them to register", extra=log.kv(nodes=len(ready)))
         for vm in self._wait_alive(ready, AGENT_READY_TIMEOUT_S):

@@ -46,6 +46,10 @@ class SshTimeouts:
     boot: float = 120.0  # how long to keep retrying while a VM boots
 
 
+# The timeouts a caller gets when it names none (shared: SshTimeouts is frozen).
+DEFAULT_TIMEOUTS = SshTimeouts()
+
+
 @dataclass(frozen=True)
 class CommandResult:
     exit_status: int
@@ -259,7 +263,7 @@ def tar_tree(local_dir: Path, exclude: Iterable[str] = ()) -> bytes:
 def connect(
     target: SshTarget,
     key_path: Path,
-    timeouts: SshTimeouts = SshTimeouts(),
+    timeouts: SshTimeouts = DEFAULT_TIMEOUTS,
     *,
     on_retry: Callable[[str], None] | None = None,
 ) -> Session:

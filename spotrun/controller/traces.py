@@ -65,7 +65,7 @@ class Trace:
 
     def capacity_at(self, t: float) -> int:
         """Capacity at time `t` (seconds from the start); after the end the trace repeats."""
-        tick = int(math.floor(t / self.gap_seconds + 1e-9))
+        tick = math.floor(t / self.gap_seconds + 1e-9)
         return self.data[tick % len(self.data)]
 
     def to_json(self) -> str:
@@ -97,7 +97,7 @@ def load_trace(path: Path | str) -> Trace:
 def _ticks(hours: float, gap_seconds: float) -> int:
     if hours <= 0 or gap_seconds <= 0:
         raise SpotrunError(f"a synthetic trace needs hours > 0 and gap_seconds > 0, got {hours} and {gap_seconds}")
-    return max(1, int(math.ceil(hours * 3600 / gap_seconds)))
+    return max(1, math.ceil(hours * 3600 / gap_seconds))
 
 
 def _from_slots(down: list[list[tuple[float, float]]], ticks: int, gap: float, nodes: int, name: str) -> Trace:

@@ -26,11 +26,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spotrun.controller.traces import Trace
 from spotrun.errors import SpotrunError
 from spotrun.providers import known_providers, provider_package
 from spotrun.simulate.figures import Figures
 from spotrun.simulate.results import PolicyResult, Sample, ZoneInfo
-from spotrun.controller.traces import Trace
 from spotrun.state.ledger import summarize
 from spotrun.state.records import LedgerSegment
 

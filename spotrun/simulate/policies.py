@@ -40,12 +40,12 @@ from spotrun.controller.plan import (
     Terminate,
     plan,
 )
+from spotrun.controller.traces import Trace
 from spotrun.errors import SpotrunError
 from spotrun.recipe.run_command import steps_from_run
 from spotrun.simulate.engine import JobSpec, Sim, zone_info
 from spotrun.simulate.figures import DEFAULT_FIGURES, Figures, load_figures
 from spotrun.simulate.results import PolicyResult, SimulationResult, ZoneInfo
-from spotrun.controller.traces import Trace
 from spotrun.state.ledger import summarize
 
 POLICIES = ("spotrun", "relaunch-all", "checkpoint-restart", "on-demand")
