@@ -86,7 +86,7 @@ def validate(
         )
     else:
         for check in checks:
-            if check.ok:
+            if check.recipe is not None:  # set only when the file is valid
                 console.out.print(f"{check.path}: ok (recipe {check.recipe.name})", markup=False)
     if not all(c.ok for c in checks):
         raise typer.Exit(code=3)

@@ -45,6 +45,8 @@ from spotrun.state.spec import read_spec
 from spotrun.state.store import Store
 
 if TYPE_CHECKING:
+    from spotrun.controller.traces import ReplayEvent
+    from spotrun.recipe.job import Chaos
     from spotrun.recipe.schema import Recipe
 
 _log = log.get("controller")
@@ -74,7 +76,7 @@ class Controller:
         self._spec_version: int | None = None
         self._wake = threading.Event()
         self._prices_at = 0.0
-        self._replay: list | None = None
+        self._replay: list[ReplayEvent] | None = None
         self._preempted_zones: dict[str, float] = {}
         self._said: set[str] = set()
         # Rendezvous membership of gone VMs, released once activated spares are in (see _release_gone).
@@ -300,16 +302,15 @@ class Controller:
         for index, entry in chaos.due(self.store, self.cluster, self.recipe.chaos.preempt):
             chaos.fire(self.store, self.cluster, index, entry, live, providers)
         for index, event, capacity in chaos.trace_due(
-            self.store, self.cluster, self._trace_events(), self.recipe.nodes.target
+            self.store, self.cluster, self._trace_events(self.recipe.chaos), self.recipe.nodes.target
         ):
             chaos.replay(self.store, self.cluster, index, event, capacity, live, providers)
 
-    def _trace_events(self) -> list:
-        """The recipe's chaos trace as replay events, computed once."""
+    def _trace_events(self, spec: Chaos) -> list[ReplayEvent]:
+        """The recipe's chaos trace (`spec`) as replay events, computed once."""
         if self._replay is None:
             from spotrun.controller.traces import load_trace, trace_events
 
-            spec = self.recipe.chaos
             self._replay = (
                 []
                 if spec.trace is None

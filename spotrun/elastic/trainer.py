@@ -36,7 +36,8 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -109,14 +110,13 @@ class ElasticTrainer:
     def __enter__(self) -> ElasticTrainer:
         return self
 
-    def __exit__(self, kind, exc, tb) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Finish after the last step; on a peer's failure save the completed step and exit the
+        process (ExitCode.REFORM). Any other exception propagates."""
         if exc is None:
             self.finish()
-            return False
-        if isinstance(exc, (SystemExit, KeyboardInterrupt)) or not _is_peer_failure(exc):
-            return False
-        self._emergency_exit(exc)
-        return False  # not reached
+        elif not isinstance(exc, (SystemExit, KeyboardInterrupt)) and _is_peer_failure(exc):
+            self._emergency_exit(exc)
 
     def batches(self) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (step, this rank's sample indices) until total_steps; the step is 1-based."""
@@ -228,7 +228,7 @@ class ElasticTrainer:
             dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
         return bool(self._flag.item())
 
-    def _emergency_exit(self, exc: BaseException) -> None:
+    def _emergency_exit(self, exc: BaseException) -> NoReturn:
         """A peer died mid-collective: our replica holds the last completed step; save it and go."""
         _say(
             f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
@@ -243,7 +243,7 @@ class ElasticTrainer:
             self._exit(protocol.ExitCode.REFORM)
 
     @staticmethod
-    def _exit(code: int) -> None:
+    def _exit(code: int) -> NoReturn:
         # os._exit: a normal exit would run gloo/DDP destructors that can hang on a dead peer.
         sys.stdout.flush()
         sys.stderr.flush()

@@ -298,7 +298,7 @@ class Sim:
         self.t = to
 
     def checkpoint(self, kind: str) -> None:
-        if kind == "ckpt-steps":
+        if kind == "ckpt-steps" and self.job.every_steps:  # scheduled only with every_steps
             self.progress = round(self.progress / self.job.every_steps) * self.job.every_steps
         self.ckpt = self.progress
         self.last_save = self.t

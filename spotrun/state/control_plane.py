@@ -31,7 +31,8 @@ def connect_endpoints(endpoints: list[str], tls: dict[str, str] | None = None) -
     file's. Raises ControlPlaneError."""
     from spotrun.state.store import connect
 
-    return connect(endpoints, **(tls or {}))
+    tls = tls or {}
+    return connect(endpoints, ca=tls.get("ca"), cert=tls.get("cert"), key=tls.get("key"))
 
 
 def connect_default() -> Store:
