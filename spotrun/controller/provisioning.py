@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from spotrun import log
-from spotrun.controller.bootstrap import BootstrapPlan, LogReporter, bootstrap_all, vm_tls
+from spotrun.controller.bootstrap import BootstrapPlan, LogReporter, ReporterFactory, bootstrap_all, vm_tls
 from spotrun.controller.placement import Placement, placements, providers_of
 from spotrun.controller.ssh import DEFAULT_TIMEOUTS, SshTarget, SshTimeouts
 from spotrun.controller.ssh_keys import ensure_keypair
@@ -58,7 +58,7 @@ class Provisioner:
         store: Store,
         *,
         ssh_timeouts: SshTimeouts = DEFAULT_TIMEOUTS,
-        reporter_factory=None,
+        reporter_factory: ReporterFactory | None = None,
     ) -> None:
         self.recipe, self.record, self.store = recipe, record, store
         self.cluster = recipe.name
@@ -67,7 +67,7 @@ class Provisioner:
         self.public_key = ensure_keypair(record.key_path, f"spotrun-{self.cluster}")
 
     # -- observation ----------------------------------------------------------------------------
-    def instances(self) -> list:
+    def instances(self) -> list[Instance]:
         """Every worker instance of the cluster in any state, fresh from each of the recipe's
         providers (a head VM holds the control plane, not a node)."""
         return [
@@ -77,7 +77,7 @@ class Provisioner:
             if not is_head(inst)
         ]
 
-    def live(self) -> list:
+    def live(self) -> list[Instance]:
         return [inst for inst in self.instances() if not inst.state.is_gone]
 
     def pending_intents(self) -> list[LaunchIntent]:
@@ -171,7 +171,7 @@ class Provisioner:
                 )
         return ids
 
-    def record_node(self, inst, state: NodeState, *, detail: str = "", replaces: str | None = None) -> None:
+    def record_node(self, inst: Instance, state: NodeState, *, detail: str = "", replaces: str | None = None) -> None:
         existing = self.store.get_node(inst.cluster, inst.id)
         extra = {
             **(existing.extra if existing else {}),
@@ -199,7 +199,7 @@ class Provisioner:
         )
 
     # -- bootstrapping --------------------------------------------------------------------------
-    def bootstrap(self, todo: list) -> None:
+    def bootstrap(self, todo: list[Instance]) -> None:
         """Bootstrap `todo` in parallel and wait until their agents are alive. VMs that fail are
         terminated and recorded; then BootstrapError names them."""
         if not todo:
@@ -232,7 +232,7 @@ class Provisioner:
         if failed:
             self._give_up(by_id, failed)
 
-    def _agent_argv(self, inst) -> list[str]:
+    def _agent_argv(self, inst: Instance) -> list[str]:
         argv = ["spotrun-agent", "--cluster", inst.cluster, "--node", inst.id]
         if self.record.train:
             argv.append("--train")
@@ -256,7 +256,7 @@ class Provisioner:
                 time.sleep(0.1)
         return sorted(waiting)
 
-    def _give_up(self, by_id: dict, failed: dict[str, str]) -> None:
+    def _give_up(self, by_id: dict[str, Instance], failed: dict[str, str]) -> None:
         for provider in providers_of(self.recipe.resources):
             provider.terminate([vm for vm in failed if by_id[vm].provider == provider.name])
         for vm, error in failed.items():

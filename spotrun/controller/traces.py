@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -201,7 +202,8 @@ def drought_trace(
     return Trace(gap_seconds, data, f"drought-s{seed}")
 
 
-GENERATORS = {
+# kind -> (generator, its parameters with the type each is parsed as)
+GENERATORS: dict[str, tuple[Callable[..., Trace], dict[str, Callable[[str], object]]]] = {
     "poisson": (
         poisson_trace,
         {"nodes": int, "hours": float, "rate": float, "mean_down_s": float, "gap_seconds": float, "seed": int},
@@ -251,7 +253,7 @@ def parse_trace_spec(spec: str) -> Trace:
     if kind == "poisson":
         args["rate_per_hour"] = args.pop("rate")
     nodes, hours = args.pop("nodes"), args.pop("hours")
-    return function(nodes, hours, **args)  # type: ignore[operator]
+    return function(nodes, hours, **args)
 
 
 # -- replay -----------------------------------------------------------------------------------------

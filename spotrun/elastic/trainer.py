@@ -33,11 +33,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -48,8 +48,11 @@ from spotrun.node import protocol
 
 STORE_POLL_S = 0.01
 
+_T = TypeVar("_T")
+_D = TypeVar("_D")
 
-def _env(name: str, cast, default):
+
+def _env(name: str, cast: Callable[[str], _T], default: _D) -> _T | _D:
     value = os.environ.get(name)
     return cast(value) if value not in (None, "") else default
 
@@ -324,7 +327,7 @@ class _AsyncWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
 
-    def submit(self, state: dict[str, Any], write) -> None:
+    def submit(self, state: dict[str, Any], write: Callable[[dict[str, Any]], None]) -> None:
         if self._thread is not None and self._thread.is_alive():
             return
         self._thread = threading.Thread(target=write, args=(state,), name="checkpoint-writer", daemon=True)

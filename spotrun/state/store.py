@@ -289,7 +289,7 @@ class Store(Etcd):
             raise ControlPlaneError(
                 f"the chaos clock of cluster {cluster!r} vanished", hint="is `spotrun down` running?"
             )
-        return json.loads(found[0])["at"]
+        return float(json.loads(found[0])["at"])
 
     def chaos_fired(self, cluster: str, mark: ChaosMark, index: int) -> bool:
         """True once entry `index` of that chaos list was marked fired."""

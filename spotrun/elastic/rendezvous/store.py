@@ -10,13 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
 from spotrun.elastic.rendezvous.backend import EtcdRendezvousBackend
 from spotrun.elastic.rendezvous.fork_guard import check_not_forked
 from spotrun.errors import ControlPlaneError
+
+_R = TypeVar("_R")
 
 
 class EtcdStore(dist.Store):
@@ -46,7 +48,7 @@ class EtcdStore(dist.Store):
             return value.encode()
         return bytes(value)
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, fn: Callable[..., _R], *args: Any) -> _R:
         check_not_forked()
         try:
             return fn(*args)
