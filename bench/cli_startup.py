@@ -24,8 +24,8 @@ def main() -> None:
     env = dict(os.environ, NO_COLOR="1")
     baseline = median_wall([sys.executable, "-c", "pass"], args.runs, env)
     cases = {
-        "--help": spotrun + ["--help"],
-        "validate": spotrun + ["validate", str(REPO / "recipes" / "quickstart.yaml")],
+        "--help": [*spotrun, "--help"],
+        "validate": [*spotrun, "validate", str(REPO / "recipes" / "quickstart.yaml")],
     }
     for case, argv in cases.items():
         took = median_wall(argv, args.runs, env)

@@ -130,10 +130,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
 
+    from spotrun.controller.traces import Trace, trace_events
     from spotrun.recipe.schema import load_recipe
     from spotrun.simulate.figures import load_figures
     from spotrun.simulate.policies import simulate
-    from spotrun.controller.traces import Trace, trace_events
 
     scale = args.tick / 300.0
     trace = Trace(300.0, TRACE, "bench")

@@ -128,6 +128,8 @@ class Provider(Protocol):
     Optional operations, each present only when its flag is True:
       `preempt(instance_id, notice_seconds)` (supports_preempt): inject a spot preemption.
       `purge(cluster)` (supports_purge): remove what terminated VMs left behind (logs, dirs).
+      `cleanup(cluster)` (supports_cleanup): remove the cluster's cloud resources other than VMs.
+      `set_capacity(cluster, nodes)` (supports_capacity): cap the cluster's VMs (trace replays).
     """
 
     name: str
@@ -155,6 +157,38 @@ class Provider(Protocol):
     def terminate(self, ids: Sequence[str]) -> None:
         """Stop and delete the VMs; blocks until they are gone. Idempotent: unknown or already
         terminated ids are ignored. Raises ProviderError if a VM cannot be stopped."""
+        ...
+
+
+class SupportsPreempt(Protocol):
+    """A provider whose `supports_preempt` is True."""
+
+    def preempt(self, instance_id: str, notice_seconds: float) -> float:
+        """Arm a spot preemption notice on the VM; it dies at the returned deadline (epoch s)."""
+        ...
+
+
+class SupportsCapacity(Protocol):
+    """A provider whose `supports_capacity` is True."""
+
+    def set_capacity(self, cluster: str, nodes: int | None) -> None:
+        """Let the cluster have at most `nodes` VMs (None: no limit); launches beyond it fail."""
+        ...
+
+
+class SupportsCleanup(Protocol):
+    """A provider whose `supports_cleanup` is True."""
+
+    def cleanup(self, cluster: str) -> None:
+        """Delete what the cluster made besides VMs (key pairs, security groups). Idempotent."""
+        ...
+
+
+class SupportsPurge(Protocol):
+    """A provider whose `supports_purge` is True."""
+
+    def purge(self, cluster: str) -> None:
+        """Remove what terminated VMs left behind (logs, dirs). Idempotent."""
         ...
 
 

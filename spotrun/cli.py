@@ -86,7 +86,7 @@ def validate(
         )
     else:
         for check in checks:
-            if check.ok:
+            if check.recipe is not None:  # set only when the file is valid
                 console.out.print(f"{check.path}: ok (recipe {check.recipe.name})", markup=False)
     if not all(c.ok for c in checks):
         raise typer.Exit(code=3)
@@ -345,9 +345,9 @@ def simulate(
     """Before spending a cent: replay spot traces through the controller's own planner and compare
     spotrun with relaunch-all, checkpoint-restart and on-demand (time, goodput, $, $ per 1000 steps)."""
     from spotrun.client import console
+    from spotrun.controller.traces import parse_trace_spec
     from spotrun.simulate.policies import POLICIES, run_simulation
     from spotrun.simulate.report import render_table, terminal_chart, to_json, write_chart
-    from spotrun.controller.traces import parse_trace_spec
 
     result = run_simulation(
         recipe,

@@ -25,6 +25,7 @@ Needs root, iproute2 and OpenSSH's sshd; everything it creates is removed by `cl
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
@@ -212,14 +213,10 @@ class Ec2Vms:
         self.gone.add(vm.instance_id)
         pid = (read_json(VmFiles(vm.root).state) or {}).get("pid")
         for target in filter(None, (pid, vm.proc.pid)):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(target, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             vm.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
         subprocess.run(["ip", "netns", "del", vm.netns], capture_output=True)
         subprocess.run(["ip", "route", "del", f"{vm.ips[0]}/32", "dev", self.host_if], capture_output=True)
 

@@ -39,9 +39,9 @@ def test_version_and_module_entry() -> None:
 @pytest.mark.parametrize("argv", [["--help"], ["validate", "--help"], ["etcd", "--help"]])
 def test_help_does_not_import_heavy_libraries(argv: list[str]) -> None:
     code = (
-        "import sys\nfrom spotrun.cli import main\nrc = main(%r)\n"
-        "bad = [m for m in %r if m in sys.modules]\nassert rc == 0, rc\nassert not bad, bad\n"
-    ) % (argv, HEAVY)
+        f"import sys\nfrom spotrun.cli import main\nrc = main({argv!r})\n"
+        f"bad = [m for m in {HEAVY!r} if m in sys.modules]\nassert rc == 0, rc\nassert not bad, bad\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 

@@ -217,11 +217,11 @@ def test_killed_controller_during_launch_neither_duplicates_nor_leaks(cluster_en
         start_daemon(name)
         try:
             _until(lambda: len(store.list_alive(name)) == 4, timeout=60)
-        except AssertionError:
+        except AssertionError as exc:
             from spotrun.paths import cluster_dir
 
             history = "\n".join(f"{e.kind}: {e.message}" for e in store.list_events(name))
-            raise AssertionError(f"{history}\n{(cluster_dir(name) / 'controller.log').read_text()[-3000:]}")
+            raise AssertionError(f"{history}\n{(cluster_dir(name) / 'controller.log').read_text()[-3000:]}") from exc
         time.sleep(3)  # a few more passes: still no extra VM
         assert len(_live(store, name)) == 4
         assert store.get_prefix(f"/spotrun/{name}/launches/") == []

@@ -7,6 +7,7 @@ asserts only hold generous upper bounds so a loaded 2-core machine does not make
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -48,10 +49,8 @@ class Launcher:
         os.kill(self.proc.pid, sig)
 
     def kill_group(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 class Job:
@@ -98,10 +97,8 @@ class Job:
         for launcher in self.launchers.values():
             launcher.kill_group()
         for launcher in self.launchers.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 launcher.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
 
     def first_step_at(self, world: int, after: float, nodes: list[str], timeout: float = 60.0) -> float:
         """Time of the first step completed at `world` after `after` on every one of `nodes`."""

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from spotrun.cli import main
 from spotrun.errors import RecipeError
@@ -101,7 +102,8 @@ def test_minimal_recipe_defaults(tmp_path: Path) -> None:
 def test_accelerators_and_env_coercion(tmp_path: Path) -> None:
     text = GOOD.replace(
         "    instance_type: cpu-small\n",
-        "    instance_type: cpu-small\n    accelerators: T4\n  - provider: local\n    instance_type: big\n    accelerators: {H100: 2}\n",
+        "    instance_type: cpu-small\n    accelerators: T4\n"
+        "  - provider: local\n    instance_type: big\n    accelerators: {H100: 2}\n",
     )
     text += "env:\n  A: 1\n  B: true\n  C: 0.5\n  D: text\n"
     recipe = load_recipe(write(tmp_path, text))
@@ -114,7 +116,7 @@ def test_accelerators_and_env_coercion(tmp_path: Path) -> None:
 
 def test_recipe_is_frozen(tmp_path: Path) -> None:
     recipe = load_recipe(write(tmp_path, GOOD))
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         recipe.name = "other"  # type: ignore[misc]
 
 
@@ -125,7 +127,8 @@ def test_round_trip_full(tmp_path: Path) -> None:
     text = """\
     name: full
     resources:
-      - {provider: aws, region: us-east-1, zone: us-east-1a, instance_type: p4d.24xlarge, accelerators: "A100:8", max_price: 9.5, spot: false}
+      - {provider: aws, region: us-east-1, zone: us-east-1a, instance_type: p4d.24xlarge,
+         accelerators: "A100:8", max_price: 9.5, spot: false}
     nodes: {min: 1, max: 4, target: 2}
     setup: pip install -e .
     run: python train.py
@@ -313,7 +316,8 @@ def test_nodes_min_le_max(tmp_path: Path) -> None:
 def test_nodes_target_in_range(tmp_path: Path) -> None:
     text = GOOD.replace("  max: 2\n", "  max: 2\n  target: 5\n")
     assert problems(tmp_path, text) == [
-        "F:8:11: nodes.target: nodes.target (5) must be between nodes.min (1) and nodes.max (2) (omit target to start with nodes.min)"
+        "F:8:11: nodes.target: nodes.target (5) must be between nodes.min (1) and nodes.max (2) "
+        "(omit target to start with nodes.min)"
     ]
 
 
@@ -342,7 +346,8 @@ def test_external_control_plane_needs_endpoints(tmp_path: Path) -> None:
         "F:10:9: control_plane.mode: mode 'external' needs at least one endpoint (add endpoints: [etcd-host:2379])"
     ]
     assert problems(tmp_path, GOOD + "control_plane:\n  endpoints: [a:1]\n") == [
-        "F:10:3: control_plane.endpoints: endpoints are only used with mode 'external' (set mode: external, or remove endpoints)"
+        "F:10:3: control_plane.endpoints: endpoints are only used with mode 'external' "
+        "(set mode: external, or remove endpoints)"
     ]
     assert problems(tmp_path, GOOD + "control_plane:\n  mode: externl\n") == [
         "F:10:9: control_plane.mode: unknown control plane mode 'externl' (did you mean 'external'?)"
@@ -356,7 +361,8 @@ def test_endpoint_forms(tmp_path: Path) -> None:
     )
     hint = "(write host:port or https://host:port, e.g. 10.0.0.5:2379)"
     assert problems(tmp_path, text) == [
-        "F:11:15: control_plane.endpoints[0]: endpoint 'ftp://x:1' has scheme 'ftp' (use https:// or http://, or no scheme)",
+        "F:11:15: control_plane.endpoints[0]: endpoint 'ftp://x:1' has scheme 'ftp' "
+        "(use https:// or http://, or no scheme)",
         f"F:11:26: control_plane.endpoints[1]: endpoint 'x:99999' has port 99999 outside 1-65535 {hint}",
         f"F:11:37: control_plane.endpoints[2]: endpoint 'nohost' is not host:port or https://host:port {hint}",
     ]
@@ -367,7 +373,8 @@ def test_tls_files_must_exist(tmp_path: Path) -> None:
     text = GOOD + "control_plane:\n  mode: external\n  endpoints: [h:1]\n  tls: {ca: ca.pem, cert: nope.pem}\n"
     hint = f"(tls.cert is relative to the recipe's directory {str(tmp_path.resolve())!r})"
     assert problems(tmp_path, text) == [
-        f"F:12:27: control_plane.tls.cert: 'nope.pem' does not exist (resolved to {str((tmp_path / 'nope.pem').resolve())!r}) {hint}"
+        f"F:12:27: control_plane.tls.cert: 'nope.pem' does not exist "
+        f"(resolved to {str((tmp_path / 'nope.pem').resolve())!r}) {hint}"
     ]
     (tmp_path / "c.pem").write_text("x")
     text = GOOD + "control_plane:\n  mode: external\n  endpoints: [h:1]\n  tls: {ca: ca.pem, cert: c.pem}\n"
@@ -380,7 +387,8 @@ def test_chaos_only_with_local_provider(tmp_path: Path) -> None:
     text = GOOD.replace("  - provider: local\n", "  - provider: local\n    instance_type: a\n  - provider: aws\n", 1)
     text += "chaos:\n  preempt:\n    - {at: 10}\n"
     assert problems(tmp_path, text) == [
-        "F:11:1: chaos: chaos is only allowed when every resource uses provider 'local'; resources[1].provider is 'aws' "
+        "F:11:1: chaos: chaos is only allowed when every resource uses provider 'local'; "
+        "resources[1].provider is 'aws' "
         "(remove chaos, or inject preemptions on clouds with `spotrun preempt`)"
     ]
 
@@ -411,14 +419,16 @@ def test_yaml_syntax_error(tmp_path: Path) -> None:
 
 def test_yaml_tab_indentation(tmp_path: Path) -> None:
     assert problems(tmp_path, "name: x\nnodes:\n\tmin: 1\n") == [
-        "F:3:1: invalid YAML: found character '\\t' that cannot start any token (YAML indentation must use spaces, not tabs)"
+        "F:3:1: invalid YAML: found character '\\t' that cannot start any token "
+        "(YAML indentation must use spaces, not tabs)"
     ]
 
 
 @pytest.mark.parametrize("text", ["", "\n", "# only a comment\n", "~\n", "---\n"])
 def test_empty_file(tmp_path: Path, text: str) -> None:
     assert problems(tmp_path, text) == [
-        "F:1:1: file is empty (a recipe is a mapping with at least name, resources and run; see recipes/quickstart.yaml)"
+        "F:1:1: file is empty "
+        "(a recipe is a mapping with at least name, resources and run; see recipes/quickstart.yaml)"
     ]
 
 
@@ -434,7 +444,8 @@ def test_not_a_mapping(tmp_path: Path) -> None:
 
 def test_multiple_documents(tmp_path: Path) -> None:
     assert problems(tmp_path, GOOD + "---\nname: other\n") == [
-        "F:9:1: the file holds more than one YAML document (a recipe file is one document; remove the '---' separator or split the file)"
+        "F:9:1: the file holds more than one YAML document "
+        "(a recipe file is one document; remove the '---' separator or split the file)"
     ]
 
 
@@ -465,7 +476,8 @@ def test_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
 def test_non_string_keys_and_unreadable_values(tmp_path: Path) -> None:
     assert problems(tmp_path, GOOD + "1: one\n") == ["F:9:1: keys must be strings, got '1' (int) (quote the key)"]
     assert problems(tmp_path, GOOD + "setup: !foo bar\n") == [
-        "F:9:8: setup: cannot read value 'bar': could not determine a constructor for the tag '!foo' (quote it to make it a string)"
+        "F:9:8: setup: cannot read value 'bar': could not determine a constructor for the tag '!foo' "
+        "(quote it to make it a string)"
     ]
     assert problems(tmp_path, GOOD.replace("run: python train.py", "run: 2001-02-30")) == [
         "F:8:6: run: cannot read value '2001-02-30': day is out of range for month (quote it to make it a string)"
@@ -545,7 +557,8 @@ def test_cli_validate_bad(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert err.splitlines() == [
         f"{bad}:6:8: nodes.min: nodes.min (4) must be <= nodes.max (2)",
         f"{bad}:9:1: nodez: unknown key 'nodez' (did you mean 'nodes'?)",
-        f"{tmp_path / 'missing.yaml'}:1:1: file not found (check the path; recipes are YAML files such as recipes/quickstart.yaml)",
+        f"{tmp_path / 'missing.yaml'}:1:1: file not found "
+        "(check the path; recipes are YAML files such as recipes/quickstart.yaml)",
     ]
     assert "Traceback" not in out + err
 
@@ -584,7 +597,8 @@ def test_validate_imports_stay_light() -> None:
     assert result.returncode == 0, result.stderr
     code = (
         "import sys; from spotrun.cli import main; rc = main(['validate', sys.argv[1]]); "
-        "bad=[m for m in ('torch','paramiko','libcloud','textual','pyetcd') if m in sys.modules]; assert not bad, bad; sys.exit(rc)"
+        "bad=[m for m in ('torch','paramiko','libcloud','textual','pyetcd') if m in sys.modules]; "
+        "assert not bad, bad; sys.exit(rc)"
     )
     result = subprocess.run(
         [sys.executable, "-c", code, str(REPO / "recipes" / "quickstart.yaml")],

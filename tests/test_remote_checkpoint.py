@@ -15,9 +15,9 @@ pytest.importorskip("moto.server")
 pytest.importorskip("libcloud")
 torch = pytest.importorskip("torch")
 
-from spotrun.providers.storage import open_store  # noqa: E402
+from spotrun.providers.storage import open_store  # noqa: E402  (after the skips above)
 
-from spotrun.elastic.checkpoint import files as checkpoint
+from spotrun.elastic.checkpoint import files as checkpoint  # noqa: E402
 from spotrun.elastic.checkpoint import remote as remote_checkpoint  # noqa: E402
 
 

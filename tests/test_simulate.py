@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from spotrun.controller.traces import Trace
 from spotrun.errors import SpotrunError
 from spotrun.recipe.run_command import steps_from_run
 from spotrun.simulate.figures import DEFAULT_FIGURES, Figures, load_figures, record_figures
 from spotrun.simulate.policies import run_simulation
 from spotrun.simulate.report import render_table, terminal_chart, to_json, write_chart
-from spotrun.controller.traces import Trace
 
 FIGURES = Figures(
     recovery_notice_s=2.0, recovery_hard_kill_s=4.0, scale_up_s=3.0, bootstrap_s=5.0, checkpoint_s=0.0, step_s=2.0

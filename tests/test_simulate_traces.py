@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from spotrun.errors import SpotrunError
 from spotrun.controller.traces import (
     ReplayEvent,
     Trace,
@@ -18,6 +18,7 @@ from spotrun.controller.traces import (
     poisson_trace,
     trace_events,
 )
+from spotrun.errors import SpotrunError
 
 REAL = Path("/work/shared/traces/aws-4node-v100-us-east-1f.json")
 DATA = Path(__file__).parent / "data" / "traces"
@@ -97,7 +98,7 @@ def test_trace_specs(tmp_path: Path) -> None:
     assert parse_trace_spec("gcp24h:nodes=2,hours=48,seed=3") == gcp_24h_trace(2, 48, seed=3)
     assert parse_trace_spec("drought:nodes=3,hours=12,level=1") == drought_trace(3, 12, level=1)
     assert parse_trace_spec(str(DATA / "dip-2node.json")).name == "dip-2node"
-    with pytest.raises(SpotrunError, match="needs rate=..."):
+    with pytest.raises(SpotrunError, match=re.escape("needs rate=...")):
         parse_trace_spec("poisson:nodes=4,hours=24")
     with pytest.raises(SpotrunError, match="unknown or malformed 'speed=2'"):
         parse_trace_spec("gcp24h:nodes=4,hours=24,speed=2")

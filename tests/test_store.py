@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -282,7 +283,7 @@ def test_events_seq_monotonic_under_concurrent_writers(
     assert sorted(e.seq for e in got) == list(range(1, total + 1))
     listed = store.list_events(cluster)
     assert [e.seq for e in listed] == list(range(1, total + 1))
-    assert all(a.at <= b.at + 0.5 for a, b in zip(listed, listed[1:]))
+    assert all(a.at <= b.at + 0.5 for a, b in itertools.pairwise(listed))
     assert [e.seq for e in store.list_events(cluster, since=total - 3)] == [total - 2, total - 1, total]
     assert len(store.list_events(cluster, since=10, limit=5)) == 5
     # a shared client across threads works too
@@ -341,7 +342,7 @@ def test_watch_sees_put_and_delete_and_reports_latency(store: Store, cluster: st
             k = f"{prefix}progress/lat{i}"
             t0 = time.perf_counter()
             store.put(k, b"x")
-            assert wait_until(lambda: k in seen.arrived, 5.0), f"watch never saw {k}"
+            assert wait_until(lambda k=k: k in seen.arrived, 5.0), f"watch never saw {k}"
             latencies.append(seen.arrived[k] - t0)
         store.delete(f"{prefix}progress/lat0")
         assert wait_until(lambda: seen.events[-1].kind == "delete", 5.0)

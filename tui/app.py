@@ -186,7 +186,7 @@ class SpotrunApp(App[None]):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "filter":
-            self.query_one(WorkersTable).query = event.value
+            self.query_one(WorkersTable).filter_text = event.value
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "filter":
@@ -233,7 +233,7 @@ class SpotrunApp(App[None]):
             return
         self.push_screen(
             ConfirmScreen(f"Drain node {row.id}? Its work moves to the other nodes, then it is terminated."),
-            lambda yes: yes and self._run_action("drain", node=row.id),
+            self._if_confirmed("drain", row.id),
         )
 
     def action_preempt(self) -> None:
@@ -249,8 +249,17 @@ class SpotrunApp(App[None]):
             ConfirmScreen(
                 f"Preempt node {row.id} with a {PREEMPT_NOTICE_S:.0f} s notice? The VM dies at the deadline."
             ),
-            lambda yes: yes and self._run_action("preempt", node=row.id),
+            self._if_confirmed("preempt", row.id),
         )
+
+    def _if_confirmed(self, what: str, node: str) -> Callable[[bool | None], None]:
+        """A ConfirmScreen's callback: run action `what` on `node` when the answer is yes."""
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self._run_action(what, node=node)
+
+        return done
 
     def action_logs(self) -> None:
         row = self._selected()

@@ -46,7 +46,7 @@ class WorkersTable(ScrollView, can_focus=True):
 
     sort_column: reactive[int] = reactive(0)
     sort_reverse: reactive[bool] = reactive(False)
-    query: reactive[str] = reactive("")
+    filter_text: reactive[str] = reactive("")  # not `query`: that is DOMNode.query()
 
     class Selected(Message):
         def __init__(self, row: WorkerRow | None) -> None:
@@ -72,7 +72,7 @@ class WorkersTable(ScrollView, can_focus=True):
         self._arrange()
 
     def _arrange(self) -> None:
-        self.rows = arrange(self._all, self.sort_column, self.sort_reverse, self.query)
+        self.rows = arrange(self._all, self.sort_column, self.sort_reverse, self.filter_text)
         ids = [r.id for r in self.rows]
         self._cursor = (
             ids.index(self.selected_id) if self.selected_id in ids else min(self._cursor, max(0, len(ids) - 1))
@@ -101,7 +101,7 @@ class WorkersTable(ScrollView, can_focus=True):
     def watch_sort_reverse(self) -> None:
         self._arrange()
 
-    def watch_query(self) -> None:
+    def watch_filter_text(self) -> None:
         self._arrange()
 
     # --- actions ---------------------------------------------------------------------------

@@ -331,6 +331,8 @@ class AwsProvider:
             group_id = root.findtext("groupId") or self._call(region, "DescribeSecurityGroups", query).findtext(
                 "securityGroupInfo/item/groupId"
             )
+            if not group_id:
+                raise ProviderError(f"EC2 created security group {name} in {region} but reports no id for it")
         rules = {
             "IpPermissions.1.IpProtocol": "tcp",
             "IpPermissions.1.FromPort": "22",

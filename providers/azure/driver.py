@@ -64,15 +64,17 @@ class SpotrunAzureConnection(AzureResourceManagementConnection):
         self,
         key: str,
         secret: str,
-        secure: bool = True,
+        *args: Any,  # libcloud's own (secure, tenant_id, ...), as the driver passes them
         endpoint_url: str | None = None,
         login_url: str | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(key, secret, secure=secure, **kwargs)
+        super().__init__(key, secret, *args, **kwargs)
         self.login_url = (login_url or PUBLIC_LOGIN_URL).rstrip("/")
         if endpoint_url:
             parts = urlsplit(endpoint_url)
+            if not parts.hostname:
+                raise ValueError(f"endpoint_url {endpoint_url!r} names no host")
             self.secure = parts.scheme != "http"
             self.host = parts.hostname
             self.port = parts.port or (443 if self.secure else 80)
@@ -99,11 +101,11 @@ class SpotrunAzureConnection(AzureResourceManagementConnection):
             params,
             {"Content-type": "application/x-www-form-urlencoded"},
         )
-        answer = SpotrunAzureAuthResponse(conn.getresponse(), conn)
-        self.access_token = answer.object["access_token"]
-        self.expires_on = answer.object.get("expires_on") or int(time.time()) + int(
-            answer.object.get("expires_in", 3600)
-        )
+        token = SpotrunAzureAuthResponse(conn.getresponse(), conn).object  # an error answer raised in parse_error
+        if not isinstance(token, dict):
+            raise ValueError(f"the token answer from {self.login_url} is not a JSON object")
+        self.access_token = token["access_token"]
+        self.expires_on = token.get("expires_on") or int(time.time()) + int(token.get("expires_in", 3600))
 
 
 class SpotrunAzureDriver(AzureNodeDriver):

@@ -171,7 +171,7 @@ def family_price(machine_type: str, region: str) -> tuple[float, float] | None:
     from libcloud.pricing import get_pricing
 
     shape = MACHINE_TYPES.get(machine_type)
-    family = get_pricing("compute", "gce_instances").get(machine_type.split("-", 1)[0])
+    family = (get_pricing("compute", "gce_instances") or {}).get(machine_type.split("-", 1)[0])
     if shape is None or family is None:
         return None
     cpus, ram, _, _ = shape

@@ -42,6 +42,7 @@ class SpotrunGCEDriver(GCENodeDriver):
     """GCENodeDriver authenticated with a service account, optionally at `endpoint_url`."""
 
     connectionCls = SpotrunGCEConnection
+    connection: SpotrunGCEConnection  # what connectionCls builds (libcloud declares a plain Connection)
 
     def __init__(
         self,

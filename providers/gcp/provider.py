@@ -500,7 +500,8 @@ class GcpProvider:
                     hint="check GOOGLE_APPLICATION_CREDENTIALS and the account's roles",
                 ) from exc
             driver.connection.poll_interval = self.poll_s
-            driver.connection.timeout = self.launch_timeout
+            # libcloud infers int from its class default; Connection takes any number of seconds.
+            driver.connection.timeout = self.launch_timeout  # type: ignore[assignment]
             self._local.driver = driver
         return driver
 

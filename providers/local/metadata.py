@@ -160,10 +160,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing -----------------------------------------------------------------------------
     def _send(self, status: int, body: str | dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
-        is_json = isinstance(body, dict)
-        payload = (json.dumps(body) if is_json else body).encode()
+        if isinstance(body, dict):
+            payload, content_type = json.dumps(body).encode(), "application/json"
+        else:
+            payload, content_type = body.encode(), "text/plain"
         self.send_response(status)
-        self.send_header("Content-Type", "application/json" if is_json else "text/plain")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)

@@ -10,12 +10,14 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 from spotrun import log
 from spotrun.controller.placement import provider_named, providers_of
 from spotrun.errors import ControlPlaneError
 from spotrun.paths import spotrun_home
 from spotrun.providers import supports
+from spotrun.providers.base import SupportsCleanup, SupportsPurge
 from spotrun.state import clusterfile
 from spotrun.state.ledger import close_open, summarize
 
@@ -47,10 +49,10 @@ def down(cluster: str, *, purge: bool = False) -> DownResult:
         ids = [inst.id for inst in provider.instances(cluster) if not inst.state.is_gone]
         provider.terminate(ids)
         result.terminated += ids
-        if supports(provider, "cleanup"):
-            provider.cleanup(cluster)  # key pairs, security groups: nothing of the cluster may stay
+        if supports(provider, "cleanup"):  # key pairs, security groups: nothing of the cluster may stay
+            cast(SupportsCleanup, provider).cleanup(cluster)
         if purge and supports(provider, "purge"):
-            provider.purge(cluster)
+            cast(SupportsPurge, provider).purge(cluster)
     if not record.head:  # a head's etcd went with the head VM
         _clean_etcd(record, purge, result)
     clusterfile.remove(cluster)

@@ -35,7 +35,7 @@ from spotrun.state.clusterfile import ClusterFile
 
 if TYPE_CHECKING:
     from spotrun.providers.base import Instance, Offer, Provider
-    from spotrun.recipe.schema import Recipe
+    from spotrun.recipe.schema import Head, Recipe
     from spotrun.state.store import Store
 
 _log = log.get("head")
@@ -80,15 +80,20 @@ class HeadRecord:
 
 
 # -- the head VM ---------------------------------------------------------------------------------
-def head_provider(recipe: Recipe) -> Provider:
+def _head(recipe: Recipe) -> Head:
     head = recipe.control_plane.head
     assert head is not None, "mode 'head' only"
+    return head
+
+
+def head_provider(recipe: Recipe) -> Provider:
+    head = _head(recipe)
     return provider_named(head.provider or recipe.resources[0].provider, recipe.resources)
 
 
 def head_offer(recipe: Recipe, provider: Provider) -> Offer:
     """The cheapest on-demand offer of the head's instance type (in its zone, if given)."""
-    head = recipe.control_plane.head
+    head = _head(recipe)
     matches = [
         o
         for o in provider.offers()
@@ -133,7 +138,7 @@ def credential_env(recipe: Recipe) -> tuple[dict[str, str], dict[str, bytes]]:
 
     env: dict[str, str] = {}
     files: dict[str, bytes] = {}
-    for name in sorted(recipe.providers | {recipe.control_plane.head.provider or recipe.resources[0].provider}):
+    for name in sorted(recipe.providers | {_head(recipe).provider or recipe.resources[0].provider}):
         more_env, more_files = provider_package(name).credentials.head_env(REMOTE_SECRETS)
         env.update(more_env)
         files.update(more_files)
@@ -188,6 +193,8 @@ def connect_head(record: ClusterFile, *, timeout: float = 30.0) -> Store:
     from spotrun.controller.ssh import connect as ssh_connect
     from spotrun.state.store import connect
 
+    if record.head is None:
+        raise ControlPlaneError(f"cluster {record.name!r} has no head VM", hint="its etcd is at its endpoints")
     head = HeadRecord(**record.head)
     try:
         session = ssh_connect(head.ssh_target, record.key_path, SshTimeouts(boot=min(timeout, 20.0)))

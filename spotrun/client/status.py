@@ -133,8 +133,6 @@ def render(statuses: list[dict[str, Any]]) -> None:
             console.out.print(f"  {stamp} {event['kind']:<9} {event['message']}", markup=False)
 
 
-
-
 def _left(deadline: float) -> str:
     return f"{max(0, int(deadline - time.time()))}s"
 

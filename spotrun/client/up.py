@@ -14,7 +14,7 @@ from pathlib import Path
 
 from spotrun import log
 from spotrun.controller.provisioning import Provisioner, cluster_lock
-from spotrun.controller.ssh import SshTimeouts
+from spotrun.controller.ssh import DEFAULT_TIMEOUTS, SshTimeouts
 from spotrun.errors import SpotrunError
 from spotrun.recipe.schema import Recipe, load_recipe
 from spotrun.state import clusterfile
@@ -35,7 +35,7 @@ class UpResult:
 
 
 def up(
-    recipe_path: Path, *, train: bool = True, ssh_timeouts: SshTimeouts = SshTimeouts(), reporter_factory=None
+    recipe_path: Path, *, train: bool = True, ssh_timeouts: SshTimeouts = DEFAULT_TIMEOUTS, reporter_factory=None
 ) -> UpResult:
     """Reconcile the cluster of `recipe_path` to its target size. Blocks until every node's agent
     is alive; with `train` the agents then start the recipe's `run` under the elastic launcher.

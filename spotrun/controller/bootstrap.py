@@ -11,12 +11,13 @@ import hashlib
 import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from spotrun import log
-from spotrun.controller.ssh import SshTarget, SshTimeouts, connect, tar_tree
+from spotrun.controller.ssh import DEFAULT_TIMEOUTS, LineSink, Session, SshTarget, SshTimeouts, connect, tar_tree
 from spotrun.errors import BootstrapError
 
 if TYPE_CHECKING:
@@ -36,6 +37,10 @@ class Reporter(Protocol):
     def phase(self, vm: str, phase: str) -> None: ...
     def line(self, vm: str, text: str) -> None: ...
     def failed(self, vm: str, error: str) -> None: ...
+
+
+# Builds the progress display for the named VMs; entering it yields the Reporter (e.g. QuietReporter).
+ReporterFactory = Callable[[list[str]], AbstractContextManager[Reporter]]
 
 
 class QuietReporter:
@@ -84,7 +89,7 @@ class BootstrapPlan:
     env: dict[str, str]
     agent_argv: Callable[[str], list[str]]  # VM name -> the agent's command line on that VM
     key_path: Path
-    timeouts: SshTimeouts = SshTimeouts()
+    timeouts: SshTimeouts = DEFAULT_TIMEOUTS
     secrets: dict[str, bytes] = field(default_factory=dict)  # name -> content, into REMOTE_SECRETS (mode 600)
 
 
@@ -130,7 +135,7 @@ def _bootstrap_one(target: SshTarget, plan: BootstrapPlan, blob: bytes, reporter
     return outcome
 
 
-def _upload(session, plan: BootstrapPlan, blob: bytes, content: str, emit) -> bool:
+def _upload(session: Session, plan: BootstrapPlan, blob: bytes, content: str, emit: LineSink) -> bool:
     for name, data in sorted(plan.secrets.items()):  # always rewritten: a rotated cert must land
         session.check(
             f"umask 077 && mkdir -p {REMOTE_SECRETS} && cat > {REMOTE_SECRETS}/{shlex.quote(name)}",
@@ -148,7 +153,7 @@ def _upload(session, plan: BootstrapPlan, blob: bytes, content: str, emit) -> bo
     return True
 
 
-def _setup(session, plan: BootstrapPlan, blob: bytes, content: str, emit) -> bool:
+def _setup(session: Session, plan: BootstrapPlan, blob: bytes, content: str, emit: LineSink) -> bool:
     if not plan.setup:
         return False
     marker = f"{REMOTE_STATE}/setup.{content}.done"
@@ -159,7 +164,7 @@ def _setup(session, plan: BootstrapPlan, blob: bytes, content: str, emit) -> boo
     return True
 
 
-def _start_agent(session, plan: BootstrapPlan, blob: bytes, content: str, emit) -> bool:
+def _start_agent(session: Session, plan: BootstrapPlan, blob: bytes, content: str, emit: LineSink) -> bool:
     pidfile = f"{REMOTE_STATE}/agent.pid"
     if session.run(f"test -f {pidfile} && kill -0 $(cat {pidfile}) 2>/dev/null").exit_status == 0:
         return False
@@ -191,7 +196,7 @@ def vm_tls(recipe: Recipe) -> tuple[dict[str, bytes], dict[str, str]]:
         path = tls_path(tls, name)
         if path:
             try:
-                files[f"etcd-{name}.pem"] = open(path, "rb").read()
+                files[f"etcd-{name}.pem"] = Path(path).read_bytes()
             except OSError as exc:
                 raise ControlPlaneError(f"cannot read TLS file: {exc}", hint="check control_plane.tls") from exc
             env[f"SPOTRUN_ETCD_{name.upper()}"] = f"{REMOTE_SECRETS}/etcd-{name}.pem"

@@ -8,16 +8,26 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 from spotrun import log
 from spotrun.providers import supports
+from spotrun.providers.base import SupportsCapacity, SupportsPreempt
 from spotrun.state.schema import ChaosMark
 from spotrun.state.store import Store
+
+if TYPE_CHECKING:
+    from spotrun.controller.traces import ReplayEvent
+    from spotrun.providers.base import Instance, Provider
+    from spotrun.recipe.job import Preemption
 
 _log = log.get("chaos")
 
 
-def due(store: Store, cluster: str, schedule, now: float | None = None) -> list[tuple[int, object]]:
+def due(
+    store: Store, cluster: str, schedule: Sequence[Preemption], now: float | None = None
+) -> list[tuple[int, Preemption]]:
     """(index, entry) of the schedule entries whose time has come and that did not fire yet."""
     if not schedule:
         return []
@@ -31,14 +41,15 @@ def due(store: Store, cluster: str, schedule, now: float | None = None) -> list[
 
 
 def trace_due(
-    store: Store, cluster: str, events, nodes: int, now: float | None = None
-) -> list[tuple[int, object, int]]:
+    store: Store, cluster: str, events: Sequence[ReplayEvent], nodes: int, now: float | None = None
+) -> list[tuple[int, ReplayEvent, int]]:
     """(index, replay event, capacity after it) of the trace events due and not yet fired."""
     if not events:
         return []
     now = time.time() if now is None else now
     start = store.chaos_start(cluster, now)
-    out, capacity = [], nodes
+    out: list[tuple[int, ReplayEvent, int]] = []
+    capacity = nodes
     for i, event in enumerate(events):
         capacity += event.count if event.action == "restore" else -event.count
         if now >= start + event.at_s and not store.chaos_fired(cluster, ChaosMark.TRACE, i):
@@ -46,14 +57,22 @@ def trace_due(
     return out
 
 
-def replay(store: Store, cluster: str, index: int, event, capacity: int, live: list, providers: dict) -> list[str]:
+def replay(
+    store: Store,
+    cluster: str,
+    index: int,
+    event: ReplayEvent,
+    capacity: int,
+    live: Sequence[Instance],
+    providers: Mapping[str, Provider],
+) -> list[str]:
     """Apply one trace event: the local cloud's capacity becomes `capacity`; a drop preempts the
     newest live VMs (those not already leaving; training VMs before warm spares, as `spotrun
     simulate` does) with the event's notice. Fires once."""
     store.mark_chaos_fired(cluster, ChaosMark.TRACE, index)
     for provider in providers.values():
         if supports(provider, "capacity"):
-            provider.set_capacity(cluster, capacity)
+            cast(SupportsCapacity, provider).set_capacity(cluster, capacity)
     victims: list[str] = []
     if event.action == "preempt":
         noticed = {n.node for n in store.list_notices(cluster)}
@@ -64,7 +83,7 @@ def replay(store: Store, cluster: str, index: int, event, capacity: int, live: l
             reverse=True,
         )
         for victim in candidates[: event.count]:
-            providers[victim.provider].preempt(victim.id, event.notice_s)
+            cast(SupportsPreempt, providers[victim.provider]).preempt(victim.id, event.notice_s)
             victims.append(victim.id)
     store.add_event(
         cluster,
@@ -75,7 +94,14 @@ def replay(store: Store, cluster: str, index: int, event, capacity: int, live: l
     return victims
 
 
-def fire(store: Store, cluster: str, index: int, entry, live: list, providers: dict) -> str | None:
+def fire(
+    store: Store,
+    cluster: str,
+    index: int,
+    entry: Preemption,
+    live: Sequence[Instance],
+    providers: Mapping[str, Provider],
+) -> str | None:
     """Preempt the entry's node (index into `live` by launch time, or a seeded random one).
     Marks the entry fired whatever happens, so a schedule never fires twice. Returns the node."""
     store.mark_chaos_fired(cluster, ChaosMark.SCHEDULE, index)
@@ -88,7 +114,7 @@ def fire(store: Store, cluster: str, index: int, entry, live: list, providers: d
     victim = (
         random.Random(index).choice(candidates) if entry.node == "random" else candidates[entry.node % len(candidates)]
     )
-    providers[victim.provider].preempt(victim.id, entry.notice)
+    cast(SupportsPreempt, providers[victim.provider]).preempt(victim.id, entry.notice)
     store.add_event(
         cluster, "chaos", f"chaos #{index}: preempting {victim.id} with {entry.notice:.0f} s notice", victim.id
     )

@@ -36,19 +36,19 @@ def start_daemon(cluster: str) -> int:
 
     if (pid := running_pid(cluster)) is not None:
         return pid
-    log_file = open(cluster_dir(cluster) / "controller.log", "ab")
-    # cwd "/": with `-m`, Python puts the cwd first on sys.path, and a source checkout there
-    # would shadow the installed package (whose spotrun.providers lives elsewhere in the tree).
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spotrun.controller", cluster],
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        cwd="/",
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    log_file.close()
+    # The child keeps its own copy of the descriptor; ours closes once it is started.
+    with open(cluster_dir(cluster) / "controller.log", "ab") as log_file:
+        # cwd "/": with `-m`, Python puts the cwd first on sys.path, and a source checkout there
+        # would shadow the installed package (whose spotrun.providers lives elsewhere in the tree).
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spotrun.controller", cluster],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd="/",
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     pid_path(cluster).write_text(str(proc.pid))
     threading.Thread(target=proc.wait, daemon=True).start()  # reap it if it dies while we run
     # Until the child has exec'd, its cmdline is ours and running_pid() would not know it:

@@ -23,6 +23,7 @@ from spotrun import log
 from spotrun.controller.bootstrap import LogReporter, QuietReporter
 from spotrun.controller.placement import placements, providers_of
 from spotrun.controller.plan import (
+    Action,
     Activate,
     Blocked,
     CloseLedger,
@@ -45,7 +46,12 @@ from spotrun.state.spec import read_spec
 from spotrun.state.store import Store
 
 if TYPE_CHECKING:
+    from spotrun.controller.traces import ReplayEvent
+    from spotrun.providers.base import Instance
+    from spotrun.recipe.job import Chaos
     from spotrun.recipe.schema import Recipe
+    from spotrun.state.records import LedgerSegment, NodeRecord, Notice
+    from spotrun.state.watch import WatchEvent
 
 _log = log.get("controller")
 
@@ -74,7 +80,7 @@ class Controller:
         self._spec_version: int | None = None
         self._wake = threading.Event()
         self._prices_at = 0.0
-        self._replay: list | None = None
+        self._replay: list[ReplayEvent] | None = None
         self._preempted_zones: dict[str, float] = {}
         self._said: set[str] = set()
         # Rendezvous membership of gone VMs, released once activated spares are in (see _release_gone).
@@ -86,7 +92,7 @@ class Controller:
     def run(self, stop: threading.Event) -> None:
         """Reconcile until `stop`; wakes on any etcd change of the cluster. Blocks."""
 
-        def on_change(event) -> None:
+        def on_change(event: WatchEvent) -> None:
             # A node that dies without a word shows first as a survivor's "peer lost" report, then
             # as its rendezvous lease (1 s) ending: look at the provider then, not up to RESYNC_S
             # later, so a warm spare can join the survivors' re-formation.
@@ -120,7 +126,7 @@ class Controller:
         finally:
             watch.cancel()
 
-    def reconcile_once(self) -> list:
+    def reconcile_once(self) -> list[Action]:
         """Observe, plan, act; returns the actions taken. Raises NotFoundError while the cluster has
         no spec in etcd (a head VM's controller starts before `up` writes it), ControlPlaneError
         or ProviderError when a read fails: the pass then acts on nothing."""
@@ -153,7 +159,7 @@ class Controller:
         self.provisioner = Provisioner(self.recipe, self.record, self.store, reporter_factory=self._reporter_factory)
         self._replay = None
 
-    def _observe(self):
+    def _observe(self) -> tuple[Desired, Observed, dict[str, Instance]]:
         target = self.store.get_target(self.cluster)
         instances = {i.id: i for i in self.provisioner.instances()}
         records = {n.id: n for n in self.store.list_nodes(self.cluster)}
@@ -206,7 +212,7 @@ class Controller:
         return desired, observed, instances
 
     @staticmethod
-    def _finished(inst, record, segments) -> bool:
+    def _finished(inst: Instance, record: NodeRecord | None, segments: list[LedgerSegment] | None) -> bool:
         """Gone, recorded as gone, and billed to the end: nothing left to do about it."""
         closed = not segments or all(s.end is not None for s in segments)
         return inst.state.is_gone and closed and record is not None and record.state.is_gone
@@ -220,7 +226,15 @@ class Controller:
         return alive & (joining | {p.node for p in self.store.list_progress(self.cluster)})
 
     @staticmethod
-    def _view(inst, record, alive: bool, ready: bool, notice, segments, standby: bool) -> NodeView:
+    def _view(
+        inst: Instance,
+        record: NodeRecord | None,
+        alive: bool,
+        ready: bool,
+        notice: Notice | None,
+        segments: list[LedgerSegment] | None,
+        standby: bool,
+    ) -> NodeView:
         state = record.state if record else None
         reason = record.reason if record else NodeReason.NONE
         return NodeView(
@@ -233,7 +247,7 @@ class Controller:
             notice_deadline=notice.deadline if notice else None,
             leaving=state == NodeState.LEAVING,
             left=state == NodeState.LEAVING and reason is NodeReason.LEFT,
-            ledger_open=bool(segments) and any(s.end is None for s in segments),
+            ledger_open=any(s.end is None for s in segments or ()),
             launched_at=inst.launched_at,
             replaces=(record.extra.get("replaces") if record else None),
             standby=standby,
@@ -247,7 +261,7 @@ class Controller:
             return 0.0
 
     # -- act ------------------------------------------------------------------------------------
-    def _apply(self, action, instances: dict) -> None:
+    def _apply(self, action: Action, instances: dict[str, Instance]) -> None:
         if isinstance(action, Launch):
             self._launch(action)
         elif isinstance(action, Activate):
@@ -268,7 +282,7 @@ class Controller:
         elif isinstance(action, Blocked):
             self.event_once("budget", f"launch of {action.wanted} limited to {action.allowed}: {action.reason}")
 
-    def _refresh_prices(self, instances: dict) -> None:
+    def _refresh_prices(self, instances: dict[str, Instance]) -> None:
         """Spot prices move: every PRICE_REFRESH_S, re-read offers and reprice open ledger segments."""
         from spotrun.state.ledger import reprice
 
@@ -290,7 +304,7 @@ class Controller:
                     self.store.put_ledger(self.cluster, inst.id, updated)
                     self.store.add_event(self.cluster, "price", f"{inst.id}: {offer.price:.4f} $/h from now", inst.id)
 
-    def _chaos(self, instances: dict) -> None:
+    def _chaos(self, instances: dict[str, Instance]) -> None:
         from spotrun.controller import chaos
 
         if self.recipe.chaos is None:
@@ -300,16 +314,15 @@ class Controller:
         for index, entry in chaos.due(self.store, self.cluster, self.recipe.chaos.preempt):
             chaos.fire(self.store, self.cluster, index, entry, live, providers)
         for index, event, capacity in chaos.trace_due(
-            self.store, self.cluster, self._trace_events(), self.recipe.nodes.target
+            self.store, self.cluster, self._trace_events(self.recipe.chaos), self.recipe.nodes.target
         ):
             chaos.replay(self.store, self.cluster, index, event, capacity, live, providers)
 
-    def _trace_events(self) -> list:
-        """The recipe's chaos trace as replay events, computed once."""
+    def _trace_events(self, spec: Chaos) -> list[ReplayEvent]:
+        """The recipe's chaos trace (`spec`) as replay events, computed once."""
         if self._replay is None:
             from spotrun.controller.traces import load_trace, trace_events
 
-            spec = self.recipe.chaos
             self._replay = (
                 []
                 if spec.trace is None
@@ -337,7 +350,7 @@ class Controller:
             [i for i in self.provisioner.live() if i.state.value == "running" and i.id not in alive]
         )
 
-    def _terminate(self, inst, reason: str) -> None:
+    def _terminate(self, inst: Instance, reason: str) -> None:
         provider = next(p for p in providers_of(self.recipe.resources) if p.name == inst.provider)
         provider.terminate([inst.id])
         self._end_billing(inst.id)
@@ -346,7 +359,7 @@ class Controller:
         self.store.delete_notice(self.cluster, inst.id)
         self.store.add_event(self.cluster, "terminate", f"{inst.id} terminated: {reason}", inst.id)
 
-    def _close(self, inst) -> None:
+    def _close(self, inst: Instance) -> None:
         """The provider reports the VM gone on its own (preemption, failure): stop billing it."""
         self._end_billing(inst.id)
         self._forget_liveness(inst.id)

@@ -203,9 +203,13 @@ def _replaced(node: NodeView, live: list[NodeView]) -> bool:
 def _swap_replaced(out: _Plan, live: list[NodeView]) -> None:
     """A noticed node whose replacement is alive leaves now: one membership change for both."""
     for node in live:
-        if node.noticed and not node.leaving and not node.left:
-            if any(other.replaces == node.id and other.ready for other in live):
-                out.add(Drain(node.id, "drain: replacement ready"))
+        if (
+            node.noticed
+            and not node.leaving
+            and not node.left
+            and any(other.replaces == node.id and other.ready for other in live)
+        ):
+            out.add(Drain(node.id, "drain: replacement ready"))
 
 
 def _launch(out: _Plan, desired: Desired, live: list[NodeView], gap: int, spare_gap: int, noticed: list[str]) -> None:

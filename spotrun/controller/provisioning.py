@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from spotrun import log
-from spotrun.controller.bootstrap import BootstrapPlan, LogReporter, bootstrap_all, vm_tls
+from spotrun.controller.bootstrap import BootstrapPlan, LogReporter, ReporterFactory, bootstrap_all, vm_tls
 from spotrun.controller.placement import Placement, placements, providers_of
-from spotrun.controller.ssh import SshTarget, SshTimeouts
+from spotrun.controller.ssh import DEFAULT_TIMEOUTS, SshTarget, SshTimeouts
 from spotrun.controller.ssh_keys import ensure_keypair
 from spotrun.errors import BootstrapError, CapacityError, ProviderError
 from spotrun.paths import cluster_dir
@@ -57,8 +57,8 @@ class Provisioner:
         record: ClusterFile,
         store: Store,
         *,
-        ssh_timeouts: SshTimeouts = SshTimeouts(),
-        reporter_factory=None,
+        ssh_timeouts: SshTimeouts = DEFAULT_TIMEOUTS,
+        reporter_factory: ReporterFactory | None = None,
     ) -> None:
         self.recipe, self.record, self.store = recipe, record, store
         self.cluster = recipe.name
@@ -67,7 +67,7 @@ class Provisioner:
         self.public_key = ensure_keypair(record.key_path, f"spotrun-{self.cluster}")
 
     # -- observation ----------------------------------------------------------------------------
-    def instances(self) -> list:
+    def instances(self) -> list[Instance]:
         """Every worker instance of the cluster in any state, fresh from each of the recipe's
         providers (a head VM holds the control plane, not a node)."""
         return [
@@ -77,7 +77,7 @@ class Provisioner:
             if not is_head(inst)
         ]
 
-    def live(self) -> list:
+    def live(self) -> list[Instance]:
         return [inst for inst in self.instances() if not inst.state.is_gone]
 
     def pending_intents(self) -> list[LaunchIntent]:
@@ -161,7 +161,7 @@ class Provisioner:
         # spare's agent never joins the job by mistake.
         for inst in launched[len(launched) - intent.standby :] if intent.standby else ():
             self.store.put_standby(self.cluster, inst.id)
-        for inst, replaced in zip(launched, replaces):
+        for inst, replaced in zip(launched, replaces, strict=False):  # replaces is padded with None
             self.record_node(inst, NodeState.BOOTING, replaces=replaced)
             if not self.store.get_ledger(self.cluster, inst.id):
                 self.store.put_ledger(
@@ -171,7 +171,7 @@ class Provisioner:
                 )
         return ids
 
-    def record_node(self, inst, state: NodeState, *, detail: str = "", replaces: str | None = None) -> None:
+    def record_node(self, inst: Instance, state: NodeState, *, detail: str = "", replaces: str | None = None) -> None:
         existing = self.store.get_node(inst.cluster, inst.id)
         extra = {
             **(existing.extra if existing else {}),
@@ -199,7 +199,7 @@ class Provisioner:
         )
 
     # -- bootstrapping --------------------------------------------------------------------------
-    def bootstrap(self, todo: list) -> None:
+    def bootstrap(self, todo: list[Instance]) -> None:
         """Bootstrap `todo` in parallel and wait until their agents are alive. VMs that fail are
         terminated and recorded; then BootstrapError names them."""
         if not todo:
@@ -221,7 +221,7 @@ class Provisioner:
         )
         with (self.reporter_factory or LogReporter)([t.name for t in targets]) as reporter:
             outcomes = bootstrap_all(targets, plan, reporter)
-        failed = {o.name: o.error for o in outcomes if not o.ok}
+        failed = {o.name: o.error or f"failed at {o.phase}" for o in outcomes if not o.ok}
         ready = [o.name for o in outcomes if o.ok]
         _log.info("agents started; waiting for them to register", extra=log.kv(nodes=len(ready)))
         for vm in self._wait_alive(ready, AGENT_READY_TIMEOUT_S):
@@ -232,7 +232,7 @@ class Provisioner:
         if failed:
             self._give_up(by_id, failed)
 
-    def _agent_argv(self, inst) -> list[str]:
+    def _agent_argv(self, inst: Instance) -> list[str]:
         argv = ["spotrun-agent", "--cluster", inst.cluster, "--node", inst.id]
         if self.record.train:
             argv.append("--train")
@@ -256,7 +256,7 @@ class Provisioner:
                 time.sleep(0.1)
         return sorted(waiting)
 
-    def _give_up(self, by_id: dict, failed: dict[str, str]) -> None:
+    def _give_up(self, by_id: dict[str, Instance], failed: dict[str, str]) -> None:
         for provider in providers_of(self.recipe.resources):
             provider.terminate([vm for vm in failed if by_id[vm].provider == provider.name])
         for vm, error in failed.items():

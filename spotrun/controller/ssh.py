@@ -17,9 +17,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spotrun import log
 from spotrun.errors import BootstrapError
+
+if TYPE_CHECKING:  # paramiko itself loads only when a session opens
+    import paramiko
 
 _log = log.get("remote")
 
@@ -46,6 +50,10 @@ class SshTimeouts:
     boot: float = 120.0  # how long to keep retrying while a VM boots
 
 
+# The timeouts a caller gets when it names none (shared: SshTimeouts is frozen).
+DEFAULT_TIMEOUTS = SshTimeouts()
+
+
 @dataclass(frozen=True)
 class CommandResult:
     exit_status: int
@@ -56,7 +64,7 @@ class HostKeyMismatch(BootstrapError):
     """The VM presented a host key other than the pinned one: never retried."""
 
 
-def _pinned_client(target: SshTarget):
+def _pinned_client(target: SshTarget) -> paramiko.SSHClient:
     import paramiko
 
     parts = target.host_key.split()
@@ -73,7 +81,7 @@ def _pinned_client(target: SshTarget):
     return client
 
 
-def _load_private_key(path: Path):
+def _load_private_key(path: Path) -> paramiko.Ed25519Key:
     import paramiko
 
     return paramiko.Ed25519Key.from_private_key_file(str(path))
@@ -82,7 +90,7 @@ def _load_private_key(path: Path):
 class Session:
     """One authenticated SSH connection to a VM. Use as a context manager."""
 
-    def __init__(self, target: SshTarget, client, timeouts: SshTimeouts) -> None:
+    def __init__(self, target: SshTarget, client: paramiko.SSHClient, timeouts: SshTimeouts) -> None:
         self.target = target
         self._client = client
         self._timeouts = timeouts
@@ -153,9 +161,17 @@ class Session:
         it lives until the tunnel or this session is closed."""
         return Tunnel(self, remote_host, remote_port)
 
-    def check(self, command: str, *, what: str, **kwargs) -> CommandResult:
+    def check(
+        self,
+        command: str,
+        *,
+        what: str,
+        on_line: LineSink | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
         """`run`, raising BootstrapError with the output tail when the exit status is not 0."""
-        result = self.run(command, **kwargs)
+        result = self.run(command, on_line=on_line, stdin=stdin, timeout=timeout)
         if result.exit_status != 0:
             raise BootstrapError(
                 f"{self.target.name}: {what} failed (exit {result.exit_status})",
@@ -215,7 +231,7 @@ class Tunnel:
         self.close()
 
 
-def _pump(conn: socket.socket, channel) -> None:
+def _pump(conn: socket.socket, channel: paramiko.Channel) -> None:
     """Copy bytes both ways between a local socket and an SSH channel until either side closes."""
     import select
 
@@ -259,7 +275,7 @@ def tar_tree(local_dir: Path, exclude: Iterable[str] = ()) -> bytes:
 def connect(
     target: SshTarget,
     key_path: Path,
-    timeouts: SshTimeouts = SshTimeouts(),
+    timeouts: SshTimeouts = DEFAULT_TIMEOUTS,
     *,
     on_retry: Callable[[str], None] | None = None,
 ) -> Session:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -65,7 +66,7 @@ class Trace:
 
     def capacity_at(self, t: float) -> int:
         """Capacity at time `t` (seconds from the start); after the end the trace repeats."""
-        tick = int(math.floor(t / self.gap_seconds + 1e-9))
+        tick = math.floor(t / self.gap_seconds + 1e-9)
         return self.data[tick % len(self.data)]
 
     def to_json(self) -> str:
@@ -97,7 +98,7 @@ def load_trace(path: Path | str) -> Trace:
 def _ticks(hours: float, gap_seconds: float) -> int:
     if hours <= 0 or gap_seconds <= 0:
         raise SpotrunError(f"a synthetic trace needs hours > 0 and gap_seconds > 0, got {hours} and {gap_seconds}")
-    return max(1, int(math.ceil(hours * 3600 / gap_seconds)))
+    return max(1, math.ceil(hours * 3600 / gap_seconds))
 
 
 def _from_slots(down: list[list[tuple[float, float]]], ticks: int, gap: float, nodes: int, name: str) -> Trace:
@@ -201,7 +202,8 @@ def drought_trace(
     return Trace(gap_seconds, data, f"drought-s{seed}")
 
 
-GENERATORS = {
+# kind -> (generator, its parameters with the type each is parsed as)
+GENERATORS: dict[str, tuple[Callable[..., Trace], dict[str, Callable[[str], object]]]] = {
     "poisson": (
         poisson_trace,
         {"nodes": int, "hours": float, "rate": float, "mean_down_s": float, "gap_seconds": float, "seed": int},
@@ -251,7 +253,7 @@ def parse_trace_spec(spec: str) -> Trace:
     if kind == "poisson":
         args["rate_per_hour"] = args.pop("rate")
     nodes, hours = args.pop("nodes"), args.pop("hours")
-    return function(nodes, hours, **args)  # type: ignore[operator]
+    return function(nodes, hours, **args)
 
 
 # -- replay -----------------------------------------------------------------------------------------

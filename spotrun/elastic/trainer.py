@@ -33,10 +33,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -47,8 +48,11 @@ from spotrun.node import protocol
 
 STORE_POLL_S = 0.01
 
+_T = TypeVar("_T")
+_D = TypeVar("_D")
 
-def _env(name: str, cast, default):
+
+def _env(name: str, cast: Callable[[str], _T], default: _D) -> _T | _D:
     value = os.environ.get(name)
     return cast(value) if value not in (None, "") else default
 
@@ -109,14 +113,13 @@ class ElasticTrainer:
     def __enter__(self) -> ElasticTrainer:
         return self
 
-    def __exit__(self, kind, exc, tb) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Finish after the last step; on a peer's failure save the completed step and exit the
+        process (ExitCode.REFORM). Any other exception propagates."""
         if exc is None:
             self.finish()
-            return False
-        if isinstance(exc, (SystemExit, KeyboardInterrupt)) or not _is_peer_failure(exc):
-            return False
-        self._emergency_exit(exc)
-        return False  # not reached
+        elif not isinstance(exc, (SystemExit, KeyboardInterrupt)) and _is_peer_failure(exc):
+            self._emergency_exit(exc)
 
     def batches(self) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (step, this rank's sample indices) until total_steps; the step is 1-based."""
@@ -228,7 +231,7 @@ class ElasticTrainer:
             dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
         return bool(self._flag.item())
 
-    def _emergency_exit(self, exc: BaseException) -> None:
+    def _emergency_exit(self, exc: BaseException) -> NoReturn:
         """A peer died mid-collective: our replica holds the last completed step; save it and go."""
         _say(
             f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
@@ -243,7 +246,7 @@ class ElasticTrainer:
             self._exit(protocol.ExitCode.REFORM)
 
     @staticmethod
-    def _exit(code: int) -> None:
+    def _exit(code: int) -> NoReturn:
         # os._exit: a normal exit would run gloo/DDP destructors that can hang on a dead peer.
         sys.stdout.flush()
         sys.stderr.flush()
@@ -324,7 +327,7 @@ class _AsyncWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
 
-    def submit(self, state: dict[str, Any], write) -> None:
+    def submit(self, state: dict[str, Any], write: Callable[[dict[str, Any]], None]) -> None:
         if self._thread is not None and self._thread.is_alive():
             return
         self._thread = threading.Thread(target=write, args=(state,), name="checkpoint-writer", daemon=True)

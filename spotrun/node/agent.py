@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spotrun import log
 from spotrun.errors import ControlPlaneError, SpotrunError
@@ -28,10 +29,14 @@ from spotrun.state.records import NodeReason, NodeRecord, NodeState, Notice, dec
 from spotrun.state.store import Store, connect
 from spotrun.state.watch import WatchEvent
 
+if TYPE_CHECKING:  # the supervisor loads only when this node trains
+    from spotrun.node.supervisor import Launcher, ProgressPublisher
+
 _log = log.get("agent")
 
 DEFAULT_LEAVE_MARGIN_S = 5.0  # before the deadline, until a checkpoint of this job has been timed
 MIN_LEAVE_MARGIN_S = 1.5  # the agreed checkpoint waits for a step boundary, then the group re-forms
+DEFAULT_STATE_DIR = Path("~/.spotrun").expanduser()  # on the VM, where the agent keeps its files
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class AgentConfig:
     metadata_url: str | None = None  # default: $SPOTRUN_METADATA_URL, else the cloud's address
     train: bool = False  # run the recipe's `run` under the elastic launcher
     checkpoint_root: Path | None = None  # storage every node of the cluster reaches
-    state_dir: Path = Path("~/.spotrun").expanduser()
+    state_dir: Path = DEFAULT_STATE_DIR
     leave_margin_s: float | None = None  # None: measured from the job's checkpoints (see _leave_margin)
 
 
@@ -56,8 +61,8 @@ class Agent:
         self.stop = stop or threading.Event()
         self.store: Store = connect(config.endpoints)
         self._keeper: LeaseKeeper | None = None
-        self._launcher = None
-        self._publisher = None
+        self._launcher: Launcher | None = None
+        self._publisher: ProgressPublisher | None = None
         self._leave_once = threading.Lock()
         self._left = False
         self._noticed = threading.Event()
@@ -115,7 +120,7 @@ class Agent:
             standby = not self._activated and bool(
                 self._guarded_get(lambda: self.store.is_standby(self.config.cluster, self.config.node))
             )
-            self._launcher = Launcher(
+            launcher = self._launcher = Launcher(
                 self.config.cluster,
                 self.config.node,
                 self.config.endpoints,
@@ -128,10 +133,8 @@ class Agent:
             self._guard(
                 lambda: self._set_state(NodeState.RUNNING, detail="warm spare, parked outside the training job")
             )
-        self._publisher = ProgressPublisher(
-            self.store, self.config.cluster, self.config.node, self._launcher.files.progress
-        )
-        self._launcher.start()
+        self._publisher = ProgressPublisher(self.store, self.config.cluster, self.config.node, launcher.files.progress)
+        launcher.start()
         _log.info("launcher started", extra=log.kv(run=spec.run, nnodes=spec.nnodes))
 
     def _train_spec(self):

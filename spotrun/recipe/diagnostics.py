@@ -114,9 +114,9 @@ def _resolve(data: Any, loc: tuple[Any, ...]) -> tuple[tuple[PathKey, ...], list
     path: list[PathKey] = []
     rest: list[Any] = []
     for part in loc:
-        if (isinstance(data, dict) and isinstance(part, str) and part in data and not rest) or (
-            isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data) and not rest
-        ):
+        in_dict = isinstance(data, dict) and isinstance(part, str) and part in data
+        in_list = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+        if (in_dict or in_list) and not rest:
             data = data[part]
             path.append(part)
         else:
@@ -145,6 +145,7 @@ def _problem(error: Any, doc: Document, root: type[BaseModel]) -> Problem | None
     def at_key() -> Pos:
         return (where.key or where.value) if where else Pos()
 
+    hint: str | None
     if kind == "missing" and rest:
         field = rest[-1]
         parent = format_path(path)

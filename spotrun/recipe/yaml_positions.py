@@ -15,14 +15,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-PathKey = Union[str, int]
-_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+PathKey = str | int
 """One step of a data path: a mapping key or a list index."""
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spotrun.controller.traces import Trace
 from spotrun.errors import SpotrunError
 from spotrun.providers import known_providers, provider_package
 from spotrun.simulate.figures import Figures
 from spotrun.simulate.results import PolicyResult, Sample, ZoneInfo
-from spotrun.controller.traces import Trace
 from spotrun.state.ledger import summarize
 from spotrun.state.records import LedgerSegment
 
@@ -298,7 +298,7 @@ class Sim:
         self.t = to
 
     def checkpoint(self, kind: str) -> None:
-        if kind == "ckpt-steps":
+        if kind == "ckpt-steps" and self.job.every_steps:  # scheduled only with every_steps
             self.progress = round(self.progress / self.job.every_steps) * self.job.every_steps
         self.ckpt = self.progress
         self.last_save = self.t

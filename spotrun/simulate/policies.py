@@ -23,7 +23,7 @@ The world they run in (zones, provider, training) is `spotrun.simulate.engine`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,12 @@ from spotrun.controller.plan import (
     Terminate,
     plan,
 )
+from spotrun.controller.traces import Trace
 from spotrun.errors import SpotrunError
 from spotrun.recipe.run_command import steps_from_run
 from spotrun.simulate.engine import JobSpec, Sim, zone_info
 from spotrun.simulate.figures import DEFAULT_FIGURES, Figures, load_figures
 from spotrun.simulate.results import PolicyResult, SimulationResult, ZoneInfo
-from spotrun.controller.traces import Trace
 from spotrun.state.ledger import summarize
 
 POLICIES = ("spotrun", "relaunch-all", "checkpoint-restart", "on-demand")
@@ -212,6 +212,15 @@ def _run_static(sim: Sim, *, one_zone: bool, ideal: float | None = None, policy:
     return sim.result(policy, ideal)
 
 
+@dataclass
+class _Cluster:
+    """What the spotrun policy's controller remembers between passes."""
+
+    stopped: bool = False  # the budget stopped the cluster
+    note: str = ""  # why it stopped
+    finished_ids: set[str] = field(default_factory=set)  # nodes whose VM is gone and billing ended
+
+
 def _run_spotrun(sim: Sim, job: JobSpec, ideal: float | None) -> PolicyResult:
     """Drive `spotrun.controller.plan.plan` at every instant; apply its actions; play provider and agents."""
     launch_price = min(z.spot_per_hour for z in sim.zones)
@@ -224,12 +233,12 @@ def _run_spotrun(sim: Sim, job: JobSpec, ideal: float | None) -> PolicyResult:
         launch_price=launch_price,
         spares=job.spares,
     )
-    state = {"stopped": False, "note": "", "finished_ids": set()}
+    state = _Cluster()
 
     def views(s: Sim) -> list[NodeView]:
         out = []
         for n in s.nodes.values():
-            if n.id in state["finished_ids"]:
+            if n.id in state.finished_ids:
                 continue
             out.append(
                 NodeView(
@@ -257,8 +266,8 @@ def _run_spotrun(sim: Sim, job: JobSpec, ideal: float | None) -> PolicyResult:
                 zone = next((z for z in s.zones_by_price() if s.free(z) > 0), None)
                 if zone is None:
                     break  # no capacity: the controller's launch fails; a later pass tries again
-                node = s.launch(zone, action.replaces[i] if i < len(action.replaces) else None)
-                node.standby = i >= action.count - action.standby  # spares last, as the provisioner does
+                new = s.launch(zone, action.replaces[i] if i < len(action.replaces) else None)
+                new.standby = i >= action.count - action.standby  # spares last, as the provisioner does
                 made += 1
             return made > 0
         if isinstance(action, Activate):
@@ -279,12 +288,12 @@ def _run_spotrun(sim: Sim, job: JobSpec, ideal: float | None) -> PolicyResult:
                 s.hard_killed_in_world = True
             node.gone = True
             s.end_billing(node)
-            state["finished_ids"].add(node.id)
+            state.finished_ids.add(node.id)
             return True
         if isinstance(action, StopCluster):
-            changed = not state["stopped"]
-            state["stopped"] = True
-            state["note"] = action.reason
+            changed = not state.stopped
+            state.stopped = True
+            state.note = action.reason
             return changed
         if isinstance(action, Blocked):
             return False
@@ -309,10 +318,10 @@ def _run_spotrun(sim: Sim, job: JobSpec, ideal: float | None) -> PolicyResult:
                     s.kill(node)  # above capacity without (enough) notice
         for _ in range(100):  # level-triggered: plan again until nothing changes at this instant
             observed = Observed(
-                views(s), spent_total=summarize(s.segments(), now=s.t).total, stopped=state["stopped"], now=s.t
+                views(s), spent_total=summarize(s.segments(), now=s.t).total, stopped=state.stopped, now=s.t
             )
             changed = False
-            for action in plan(replace(desired, target=0) if state["stopped"] else desired, observed):
+            for action in plan(replace(desired, target=0) if state.stopped else desired, observed):
                 changed = apply(s, action) or changed
             joined = False
             for node in s.nodes.values():  # ready agents that stay join the training job
@@ -321,19 +330,19 @@ def _run_spotrun(sim: Sim, job: JobSpec, ideal: float | None) -> PolicyResult:
                     and not node.in_world
                     and not node.leaving
                     and not node.standby
-                    and not state["stopped"]
+                    and not state.stopped
                     and s.world < job.max
                 ):
                     s.join(node)
                     joined = True
             if not (changed or joined):
                 break
-        if state["stopped"] and all(n.gone for n in s.nodes.values()):
+        if state.stopped and all(n.gone for n in s.nodes.values()):
             s.events.clear()  # the budget stopped the cluster: nothing more happens
-        elif job.max_total is not None and not state["stopped"]:
+        elif job.max_total is not None and not state.stopped:
             cost = summarize(s.segments(), now=s.t)  # the controller checks often; wake at the crossing
             if cost.burn_per_hour > 0:
                 s.push(s.t + max(0.0, job.max_total - cost.total) / cost.burn_per_hour * 3600 + 1e-6, "budget", None)
 
     sim.run(react, elastic=True)
-    return sim.result("spotrun", ideal, state["note"])
+    return sim.result("spotrun", ideal, state.note)

@@ -221,7 +221,7 @@ def _svg(result: SimulationResult) -> str:
         out.append(f'<text x="{left - 6}" y="{y0 + 10}" text-anchor="end">{top_value:g}</text>')
         out.append(f'<text x="{left - 6}" y="{y0 + panel}" text-anchor="end">0</text>')
         for samples, attr, color in series:
-            points = []
+            points: list[str] = []
             for s in samples:
                 x = left + plot_w * s.t / span
                 y = y0 + panel - panel * float(getattr(s, attr)) / top_value

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spotrun.simulate.figures import Figures
 from spotrun.controller.traces import Trace
+from spotrun.simulate.figures import Figures
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ class ClusterFile:
     agent_endpoints: list[str] | None = None
     # Mode 'head': how to SSH to the head VM, whose etcd this machine reaches through a tunnel
     # (spotrun.client.head.HeadRecord as a dict); `endpoints` is then empty.
-    head: dict | None = None
+    head: dict[str, Any] | None = None
     # The recipe's resource candidates as JSON: what `down` rebuilds the providers from.
     resources: list[dict[str, Any]] = field(default_factory=list)
     # The control plane's TLS files for an external etcd (ca, cert, key: absolute paths), if any.

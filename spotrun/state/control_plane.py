@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from spotrun.errors import ControlPlaneError
 
 if TYPE_CHECKING:
-    from spotrun.recipe.schema import Recipe
+    from spotrun.recipe.schema import TLS, Recipe
     from spotrun.state.store import Store
 
 
@@ -31,7 +31,8 @@ def connect_endpoints(endpoints: list[str], tls: dict[str, str] | None = None) -
     file's. Raises ControlPlaneError."""
     from spotrun.state.store import connect
 
-    return connect(endpoints, **(tls or {}))
+    tls = tls or {}
+    return connect(endpoints, ca=tls.get("ca"), cert=tls.get("cert"), key=tls.get("key"))
 
 
 def connect_default() -> Store:
@@ -48,13 +49,13 @@ def connect_default() -> Store:
     return connect([info.endpoint])
 
 
-def tls_path(tls, name: str) -> str | None:
+def tls_path(tls: TLS | None, name: str) -> str | None:
     """The recipe's control_plane.tls file `name` (ca, cert or key) as a string, or None."""
     value = getattr(tls, name, None) if tls else None
     return str(value) if value else None
 
 
-def tls_files(tls) -> dict[str, str]:
+def tls_files(tls: TLS | None) -> dict[str, str]:
     """The recipe's control_plane.tls files that are set, by name (ca, cert, key)."""
     return {name: path for name in ("ca", "cert", "key") if (path := tls_path(tls, name))}
 

@@ -115,7 +115,8 @@ def free_port() -> int:
     """A loopback TCP port that is free right now (another process may still take it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def port_is_free(port: int) -> bool:
@@ -137,7 +138,7 @@ def healthy(endpoint: str, timeout: float = 1.0) -> bool:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
     try:
         with opener.open(f"{endpoint}/health", timeout=timeout) as resp:
-            return json.loads(resp.read()).get("health") == "true"
+            return bool(json.loads(resp.read()).get("health") == "true")
     except (OSError, ValueError):
         return False
 

@@ -36,8 +36,8 @@ def summarize(segments: list[LedgerSegment], now: float | None = None) -> CostSu
     burn = sum(s.price_per_hour for s in segments if s.end is None)
     burn_od = sum(s.on_demand_per_hour for s in segments if s.end is None)
     hours = [((s.end if s.end is not None else now) - s.start) / 3600.0 for s in segments]
-    total = sum(max(0.0, h) * s.price_per_hour for h, s in zip(hours, segments))
-    total_od = sum(max(0.0, h) * s.on_demand_per_hour for h, s in zip(hours, segments))
+    total = sum(max(0.0, h) * s.price_per_hour for h, s in zip(hours, segments, strict=True))
+    total_od = sum(max(0.0, h) * s.on_demand_per_hour for h, s in zip(hours, segments, strict=True))
     return CostSummary(burn, burn_od, total, total_od)
 
 
@@ -50,7 +50,7 @@ def reprice(
     if not open_ or (open_[-1].price_per_hour, open_[-1].on_demand_per_hour) == (price_per_hour, on_demand_per_hour):
         return segments
     node = open_[-1].node
-    return close_open(segments, at) + [LedgerSegment(node, price_per_hour, on_demand_per_hour, at)]
+    return [*close_open(segments, at), LedgerSegment(node, price_per_hour, on_demand_per_hour, at)]
 
 
 def close_open(segments: list[LedgerSegment], end: float) -> list[LedgerSegment]:

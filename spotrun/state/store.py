@@ -284,7 +284,12 @@ class Store(Etcd):
         that (a restarted controller keeps the clock)."""
         k = schema.chaos_start_key(cluster)
         self.cas(k, None, json.dumps({"at": now}))  # the first caller sets the clock; later ones keep it
-        return json.loads(self.get(k)[0])["at"]
+        found = self.get(k)
+        if found is None:  # deleted in between: the cluster's state is being removed
+            raise ControlPlaneError(
+                f"the chaos clock of cluster {cluster!r} vanished", hint="is `spotrun down` running?"
+            )
+        return float(json.loads(found[0])["at"])
 
     def chaos_fired(self, cluster: str, mark: ChaosMark, index: int) -> bool:
         """True once entry `index` of that chaos list was marked fired."""

@@ -3,6 +3,7 @@ once per step on every rank, so a test can check that no step ran twice and no s
 or repeated, and time what happened when."""
 
 import argparse
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -24,11 +25,15 @@ model = nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 x = torch.randn(args.samples, 4, generator=torch.Generator().manual_seed(1))
 y = x.sum(1, keepdim=True)
-steps_log = None
-if os.environ.get("STEPS_LOG_DIR"):
-    Path(os.environ["STEPS_LOG_DIR"]).mkdir(parents=True, exist_ok=True)
-    steps_log = open(Path(os.environ["STEPS_LOG_DIR"]) / f"{os.environ.get('SPOTRUN_NODE_ID', 'node')}.log", "a")
-with ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch, dataset_len=args.samples) as t:
+with contextlib.ExitStack() as files:
+    steps_log = None
+    if os.environ.get("STEPS_LOG_DIR"):
+        Path(os.environ["STEPS_LOG_DIR"]).mkdir(parents=True, exist_ok=True)
+        log_path = Path(os.environ["STEPS_LOG_DIR"]) / f"{os.environ.get('SPOTRUN_NODE_ID', 'node')}.log"
+        steps_log = files.enter_context(open(log_path, "a"))
+    t = files.enter_context(
+        ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch, dataset_len=args.samples)
+    )
     for step, idx in t.batches():
         loss = ((t.model(x[idx]) - y[idx]) ** 2).mean()
         optimizer.zero_grad()

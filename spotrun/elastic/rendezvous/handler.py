@@ -24,13 +24,13 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousSettings
 
 from spotrun import log
-from spotrun.node.protocol import PEER_LOST_FILE_ENV
 from spotrun.elastic.rendezvous import torch_patches
 from spotrun.elastic.rendezvous.backend import BACKEND_NAME, EtcdRendezvousBackend, connection_error
 from spotrun.elastic.rendezvous.fork_guard import in_forked_child
 from spotrun.elastic.rendezvous.store import EtcdStore
 from spotrun.elastic.rendezvous.torch_patches import SpotrunStateHolder
 from spotrun.errors import ControlPlaneError
+from spotrun.node.protocol import PEER_LOST_FILE_ENV
 from spotrun.state.etcd import LeaseKeeper
 
 _log = log.get("rendezvous")

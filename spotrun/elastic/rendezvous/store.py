@@ -10,13 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
 from spotrun.elastic.rendezvous.backend import EtcdRendezvousBackend
 from spotrun.elastic.rendezvous.fork_guard import check_not_forked
 from spotrun.errors import ControlPlaneError
+
+_R = TypeVar("_R")
 
 
 class EtcdStore(dist.Store):
@@ -46,17 +48,17 @@ class EtcdStore(dist.Store):
             return value.encode()
         return bytes(value)
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, fn: Callable[..., _R], *args: Any) -> _R:
         check_not_forked()
         try:
             return fn(*args)
         except ControlPlaneError as exc:
             raise dist.DistStoreError(f"etcd store: {exc}") from exc
 
-    def set(self, key: str, value: str | bytes) -> None:  # type: ignore[override]
+    def set(self, key: str, value: str | bytes) -> None:
         self._call(self._etcd.put, self._k(key), self._b(value))
 
-    def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:  # type: ignore[override]
+    def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
         for k, v in zip(keys, values, strict=False):
             self.set(k, v)
 
@@ -70,7 +72,7 @@ class EtcdStore(dist.Store):
         return out
 
     def _wait_get(self, keys: list[str], timeout: timedelta | None = None) -> list[bytes]:
-        limit = (timeout or self.timeout).total_seconds()
+        limit = (timeout or self.timeout).total_seconds()  # type: ignore[attr-defined]  # a property torch's stub omits
         deadline = time.monotonic() + limit
         while True:
             generation = self._backend.store_generation
@@ -82,19 +84,19 @@ class EtcdStore(dist.Store):
                 raise dist.DistStoreError(f"timed out after {limit:.0f} s waiting for keys {keys} in the etcd store")
             self._backend.wait_store_change(generation, min(left, 0.5))
 
-    def get(self, key: str) -> bytes:  # type: ignore[override]
+    def get(self, key: str) -> bytes:
         return self._wait_get([key])[0]
 
-    def multi_get(self, keys: list[str]) -> list[bytes]:  # type: ignore[override]
+    def multi_get(self, keys: list[str]) -> list[bytes]:
         return self._wait_get(list(keys))
 
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:  # type: ignore[override]
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         self._wait_get(list(keys), timeout)
 
-    def check(self, keys: list[str]) -> bool:  # type: ignore[override]
+    def check(self, keys: list[str]) -> bool:
         return self._try_get(list(keys)) is not None
 
-    def add(self, key: str, amount: int) -> int:  # type: ignore[override]
+    def add(self, key: str, amount: int) -> int:
         k = self._k(key)
         for _ in range(1000):
             found = self._call(self._etcd.get, k)
@@ -103,7 +105,7 @@ class EtcdStore(dist.Store):
                 return value
         raise dist.DistStoreError(f"etcd store: add on {key!r} kept conflicting")
 
-    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:  # type: ignore[override]
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         k, expected_b, desired_b = self._k(key), self._b(expected), self._b(desired)
         while True:
             found = self._call(self._etcd.get, k)
@@ -117,10 +119,10 @@ class EtcdStore(dist.Store):
             elif self._call(self._etcd.cas, k, found[1], desired_b):
                 return desired_b
 
-    def delete_key(self, key: str) -> bool:  # type: ignore[override]
+    def delete_key(self, key: str) -> bool:
         return bool(self._call(self._etcd.delete, self._k(key)))
 
-    def num_keys(self) -> int:  # type: ignore[override]
+    def num_keys(self) -> int:
         return len(self._call(self._etcd.get_prefix, self._prefix))
 
     def delete_round(self, round_prefix: str) -> int:
