@@ -160,10 +160,11 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         """Nodes waiting to join, as torch's agent polls it (every monitor interval) to restart workers.
 
         Waiting nodes count 0: joins are coordinated (the trainer admits them at a step boundary).
-        It reports 1 when the round the local workers run in is broken: a member left it (lease gone, graceful leave) or it was replaced,
-        so the agent restarts its workers at once instead of leaving them blocked in a collective
-        until its timeout (gloo does not always see a dead peer). Never raises: an unreachable
-        etcd counts as "no change" (workers keep running; liveness comes from the lease anyway).
+        It reports 1 when the round the local workers run in is broken: a member left it (lease
+        gone, graceful leave) or it was replaced, so the agent restarts its workers at once instead
+        of leaving them blocked in a collective until its timeout (gloo does not always see a dead
+        peer). Never raises: an unreachable etcd counts as "no change" (workers keep running;
+        liveness comes from the lease anyway).
         """
         try:
             with torch_patches.heartbeat_lock(self):
