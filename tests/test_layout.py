@@ -135,9 +135,10 @@ def test_only_the_state_package_imports_the_etcd_client() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_module_level_imports_have_no_cycle() -> None:
+def test_imports_have_no_cycle() -> None:
+    # Lazy imports count too: a cycle hidden in a function still ties two modules into one.
     graph = {
-        module: {t for name, _, top in _imports(module) if top and (t := _own(name)) and t != module}
+        module: {t for name, _, _top in _imports(module) if (t := _own(name)) and t != module}
         for module in SOURCES
     }
     state: dict[str, int] = {}

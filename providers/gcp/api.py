@@ -19,9 +19,20 @@ import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from spotrun.providers.base import InstanceState, LaunchSpec
 from spotrun.providers.gcp.catalog import MACHINE_TYPES
+
+COMPUTE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+
+
+def endpoint_parts(url: str) -> tuple[str, int, bool]:
+    """(host, port, secure) of an endpoint URL such as http://127.0.0.1:8080."""
+    parts = urlsplit(url)
+    secure = parts.scheme != "http"
+    return parts.hostname or "", parts.port or (443 if secure else 80), secure
+
 
 _NOT_LABEL = re.compile(r"[^a-z0-9_-]+")
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")

@@ -6,7 +6,7 @@ GCEConnection. This subclass takes `endpoint_url` instead and hands host, port a
 the Compute connection and the service-account auth connection (which receives the same keyword
 arguments), so a test server, or a private endpoint, sees the real JWT-bearer token request and
 the real API calls. Authentication is always service account ("SA"): no probing of the GCE
-metadata server. Without `endpoint_url` nothing changes. Only providers/gcp.py imports this
+metadata server. Without `endpoint_url` nothing changes. Only providers/gcp/provider.py imports this
 module, inside functions (libcloud loads lazily).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from libcloud.compute.drivers.gce import GCEConnection, GCENodeDriver
-from spotrun.providers.gcp.provider import COMPUTE_SCOPES, endpoint_parts
+from spotrun.providers.gcp.api import COMPUTE_SCOPES, endpoint_parts
 
 
 class SpotrunGCEConnection(GCEConnection):

@@ -60,10 +60,10 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from spotrun.providers.base import Instance, LaunchSpec, Offer
 from spotrun.providers.gcp import api as gcp_api
+from spotrun.providers.gcp.api import COMPUTE_SCOPES, endpoint_parts
 from spotrun.providers.gcp.catalog import MACHINE_TYPES
 from spotrun.providers.gcp.credentials import service_account
 from spotrun.providers.gcp.notices import BASE_URL as METADATA_URL
@@ -77,7 +77,6 @@ _log = log.get("providers.gcp")
 DEFAULT_ZONES = ("us-central1-a", "us-central1-b", "us-central1-f", "us-east4-a", "us-west2-a", "europe-west4-a")
 DEFAULT_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
 # cloud-platform covers the Compute API and the Cloud Billing Catalog (one token for both).
-COMPUTE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 BILLING_ENDPOINT = "https://cloudbilling.googleapis.com"
 BILLING_TIMEOUT_S = 60.0
 BILLING_MAX_PAGES = 100
@@ -576,10 +575,3 @@ def _describe(exc: BaseException) -> str:
     if isinstance(value, dict):
         value = value.get("message") or json.dumps(value)
     return str(value or exc).replace("\n", " ")[:300] or type(exc).__name__
-
-
-def endpoint_parts(url: str) -> tuple[str, int, bool]:
-    """(host, port, secure) of an endpoint URL such as http://127.0.0.1:8080."""
-    parts = urlsplit(url)
-    secure = parts.scheme != "http"
-    return parts.hostname or "", parts.port or (443 if secure else 80), secure
