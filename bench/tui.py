@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _format import emit
 
 from spotrun.state.etcd_server import EtcdProcess
-from spotrun.state.records import LedgerSegment, NodeRecord, NodeState, Progress
+from spotrun.state.records import EventKind, LedgerSegment, NodeRecord, NodeState, Progress
 from spotrun.state.store import connect
 
 CLUSTER = "bench-tui"
@@ -65,7 +65,7 @@ def populate(endpoint: str, workers: int) -> None:
             store.put_node(node(i, now))
             store.put_progress(CLUSTER, Progress(f"w-{i:04d}", 0, 100.0, workers, now, 3.0))
             store.put_ledger(CLUSTER, f"w-{i:04d}", [LedgerSegment(f"w-{i:04d}", 0.12, 0.40, now - 60)])
-        store.add_event(CLUSTER, "up", f"cluster at {workers} nodes")
+        store.add_event(CLUSTER, EventKind.UP, f"cluster at {workers} nodes")
 
 
 def writer(endpoint: str, ids: list[int], workers: int, hz: float, seconds: float, counts) -> None:

@@ -138,8 +138,7 @@ def test_only_the_state_package_imports_the_etcd_client() -> None:
 def test_imports_have_no_cycle() -> None:
     # Lazy imports count too: a cycle hidden in a function still ties two modules into one.
     graph = {
-        module: {t for name, _, _top in _imports(module) if (t := _own(name)) and t != module}
-        for module in SOURCES
+        module: {t for name, _, _top in _imports(module) if (t := _own(name)) and t != module} for module in SOURCES
     }
     state: dict[str, int] = {}
     path: list[str] = []

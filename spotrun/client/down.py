@@ -20,6 +20,7 @@ from spotrun.providers import supports
 from spotrun.providers.base import SupportsCleanup, SupportsPurge
 from spotrun.state import clusterfile
 from spotrun.state.ledger import close_open, summarize
+from spotrun.state.records import EventKind
 
 _log = log.get("down")
 
@@ -113,6 +114,6 @@ def _clean_etcd(record, purge: bool, result: DownResult) -> None:
         if purge:
             store.delete_cluster(record.name)
         else:
-            store.add_event(record.name, "down", f"cluster down; {len(result.terminated)} VMs terminated")
+            store.add_event(record.name, EventKind.DOWN, f"cluster down; {len(result.terminated)} VMs terminated")
             store.drop_live_state(record.name)  # the history (spec, checkpoints, ledger, events) stays
         result.etcd_cleaned = True

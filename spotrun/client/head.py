@@ -32,6 +32,7 @@ from spotrun.controller.ssh import SshTarget, SshTimeouts
 from spotrun.controller.ssh_keys import ensure_keypair
 from spotrun.errors import BootstrapError, ControlPlaneError, ProviderError
 from spotrun.state.clusterfile import ClusterFile
+from spotrun.state.records import EventKind
 
 if TYPE_CHECKING:
     from spotrun.providers.base import Instance, Offer, Provider
@@ -255,7 +256,7 @@ def up_head(
         alive = wait_for_nodes(store, recipe.name, recipe.nodes.target, nodes_timeout)
         store.add_event(
             recipe.name,
-            "up",
+            EventKind.UP,
             f"cluster at {len(alive)} of target {recipe.nodes.target} nodes (control plane on head VM {head.id})",
         )
     return record, alive, [node for node in alive if node not in before]

@@ -7,7 +7,7 @@ from typing import Any
 
 from spotrun.fmt import duration
 from spotrun.state.ledger import summarize
-from spotrun.state.records import NodeState, to_dict
+from spotrun.state.records import EventKind, NodeState, to_dict
 from spotrun.state.store import Store
 
 
@@ -148,13 +148,17 @@ def follow_events(
         for event in store.list_events(cluster, since=since):
             emit(format_event(event))
             since = event.seq
-            if until_finished and event.kind in ("finished", "budget") and _job_over(store, cluster, event):
+            if (
+                until_finished
+                and event.kind in (EventKind.FINISHED, EventKind.BUDGET)
+                and _job_over(store, cluster, event)
+            ):
                 return
         time.sleep(poll_s)
 
 
 def _job_over(store: Store, cluster: str, event) -> bool:
-    if event.kind == "budget":
+    if event.kind is EventKind.BUDGET:
         return "stopping" in event.message
-    finished = {e.node for e in store.list_events(cluster) if e.kind == "finished" and e.seq <= event.seq}
+    finished = {e.node for e in store.list_events(cluster) if e.kind is EventKind.FINISHED and e.seq <= event.seq}
     return store.list_alive(cluster) - store.list_standby(cluster) <= finished  # a parked spare never finishes

@@ -20,6 +20,7 @@ from spotrun.recipe.schema import Recipe, load_recipe
 from spotrun.state import clusterfile
 from spotrun.state.clusterfile import ClusterFile
 from spotrun.state.control_plane import connect_recipe, endpoints_for
+from spotrun.state.records import EventKind
 from spotrun.state.spec import put_recipe
 from spotrun.state.store import Store
 
@@ -120,5 +121,5 @@ def _reconcile(
         provisioner.bootstrap(todo)
     _log.info("bootstrap finished", extra=log.kv(nodes=len(todo), seconds=round(time.monotonic() - started, 2)))
     training = [i for i in live if i.id not in spares]  # up itself launches no spare
-    store.add_event(cluster, "up", f"cluster at {len(training)} of target {recipe.nodes.target} nodes")
+    store.add_event(cluster, EventKind.UP, f"cluster at {len(training)} of target {recipe.nodes.target} nodes")
     return UpResult(cluster, launched, [i.id for i in todo], [i.id for i in live])

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, cast
 from spotrun import log
 from spotrun.providers import supports
 from spotrun.providers.base import SupportsCapacity, SupportsPreempt
+from spotrun.state.records import EventKind
 from spotrun.state.schema import ChaosMark
 from spotrun.state.store import Store
 
@@ -87,7 +88,7 @@ def replay(
             victims.append(victim.id)
     store.add_event(
         cluster,
-        "chaos",
+        EventKind.CHAOS,
         f"trace: capacity {capacity}"
         + (f"; preempting {', '.join(victims)} with {event.notice_s:.0f} s notice" if victims else ""),
     )
@@ -109,14 +110,14 @@ def fire(
         (i for i in live if supports(providers.get(i.provider), "preempt")), key=lambda i: (i.launched_at, i.id)
     )
     if not candidates:
-        store.add_event(cluster, "chaos", f"chaos #{index}: no node the provider can preempt")
+        store.add_event(cluster, EventKind.CHAOS, f"chaos #{index}: no node the provider can preempt")
         return None
     victim = (
         random.Random(index).choice(candidates) if entry.node == "random" else candidates[entry.node % len(candidates)]
     )
     cast(SupportsPreempt, providers[victim.provider]).preempt(victim.id, entry.notice)
     store.add_event(
-        cluster, "chaos", f"chaos #{index}: preempting {victim.id} with {entry.notice:.0f} s notice", victim.id
+        cluster, EventKind.CHAOS, f"chaos #{index}: preempting {victim.id} with {entry.notice:.0f} s notice", victim.id
     )
     _log.info("chaos preemption", extra=log.kv(node=victim.id, notice=entry.notice))
     return victim.id

@@ -40,7 +40,7 @@ from spotrun.controller.provisioning import Provisioner, cluster_lock
 from spotrun.errors import CapacityError, NotFoundError, SpotrunError
 from spotrun.state import clusterfile, schema
 from spotrun.state.ledger import close_open, summarize
-from spotrun.state.records import NodeReason, NodeState
+from spotrun.state.records import EventKind, NodeReason, NodeState
 from spotrun.state.schema import Kind, RdzvPart
 from spotrun.state.spec import read_spec
 from spotrun.state.store import Store
@@ -110,7 +110,7 @@ class Controller:
                 self._spare_arrived(rdzv.node)
 
         watch = self.store.watch_cluster(self.cluster, on_change)
-        self.event_once("controller", f"controller started (pid {os.getpid()})")
+        self.event_once(EventKind.CONTROLLER, f"controller started (pid {os.getpid()})")
         try:
             while not stop.is_set():
                 self._wake.clear()
@@ -266,7 +266,7 @@ class Controller:
             self._launch(action)
         elif isinstance(action, Activate):
             if self.store.activate_standby(self.cluster, action.node):
-                self.store.add_event(self.cluster, "activate", f"{action.node}: {action.reason}", action.node)
+                self.store.add_event(self.cluster, EventKind.ACTIVATE, f"{action.node}: {action.reason}", action.node)
         elif isinstance(action, Drain):
             from spotrun.controller.scaling import drain
 
@@ -278,9 +278,9 @@ class Controller:
         elif isinstance(action, StopCluster):
             self.store.mark_stopped(self.cluster, action.reason)
             self.store.set_target(self.cluster, 0)
-            self.store.add_event(self.cluster, "budget", f"stopping the cluster: {action.reason}")
+            self.store.add_event(self.cluster, EventKind.BUDGET, f"stopping the cluster: {action.reason}")
         elif isinstance(action, Blocked):
-            self.event_once("budget", f"launch of {action.wanted} limited to {action.allowed}: {action.reason}")
+            self.event_once(EventKind.BUDGET, f"launch of {action.wanted} limited to {action.allowed}: {action.reason}")
 
     def _refresh_prices(self, instances: dict[str, Instance]) -> None:
         """Spot prices move: every PRICE_REFRESH_S, re-read offers and reprice open ledger segments."""
@@ -302,7 +302,9 @@ class Controller:
                 updated = reprice(segments, offer.price, offer.on_demand_price, time.time())
                 if updated != segments:
                     self.store.put_ledger(self.cluster, inst.id, updated)
-                    self.store.add_event(self.cluster, "price", f"{inst.id}: {offer.price:.4f} $/h from now", inst.id)
+                    self.store.add_event(
+                        self.cluster, EventKind.PRICE, f"{inst.id}: {offer.price:.4f} $/h from now", inst.id
+                    )
 
     def _chaos(self, instances: dict[str, Instance]) -> None:
         from spotrun.controller import chaos
@@ -340,7 +342,7 @@ class Controller:
                 action.count, intent_key=action.key, replaces=action.replaces, standby=action.standby, avoid_zones=avoid
             )
         except CapacityError as exc:
-            self.event_once("capacity", f"launch of {action.count} failed: {exc}")
+            self.event_once(EventKind.CAPACITY, f"launch of {action.count} failed: {exc}")
 
     def _bootstrap_missing(self) -> None:
         """Bootstrap running VMs whose agent is not alive. One still booting (its launcher died
@@ -357,7 +359,7 @@ class Controller:
         self._forget_liveness(inst.id)
         self.provisioner.record_node(inst, NodeState.TERMINATED, detail=reason)
         self.store.delete_notice(self.cluster, inst.id)
-        self.store.add_event(self.cluster, "terminate", f"{inst.id} terminated: {reason}", inst.id)
+        self.store.add_event(self.cluster, EventKind.TERMINATE, f"{inst.id} terminated: {reason}", inst.id)
 
     def _close(self, inst: Instance) -> None:
         """The provider reports the VM gone on its own (preemption, failure): stop billing it."""
@@ -370,7 +372,9 @@ class Controller:
             self._preempted_zones[inst.zone] = time.time()
         self.provisioner.record_node(inst, state, detail=inst.reason or inst.state.value)
         self.store.delete_notice(self.cluster, inst.id)
-        self.store.add_event(self.cluster, state.value, f"{inst.id} {state.value}: {inst.reason or 'gone'}", inst.id)
+        self.store.add_event(
+            self.cluster, EventKind(state.value), f"{inst.id} {state.value}: {inst.reason or 'gone'}", inst.id
+        )
 
     def _forget_liveness(self, node: str) -> None:
         """The provider says the VM is gone: its leases would linger until their TTL; drop them now
@@ -420,7 +424,7 @@ class Controller:
         if segments and any(s.end is None for s in segments):
             self.store.put_ledger(self.cluster, node, close_open(segments, time.time()))
 
-    def event_once(self, kind: str, message: str) -> None:
+    def event_once(self, kind: EventKind, message: str) -> None:
         """An event that repeats every pass (budget, capacity) is written once per process."""
         if message not in self._said:
             self._said.add(message)

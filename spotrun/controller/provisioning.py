@@ -26,7 +26,7 @@ from spotrun.paths import cluster_dir
 from spotrun.providers.base import Instance
 from spotrun.recipe.schema import Recipe
 from spotrun.state.clusterfile import ClusterFile
-from spotrun.state.records import LaunchIntent, LedgerSegment, NodeRecord, NodeState
+from spotrun.state.records import EventKind, LaunchIntent, LedgerSegment, NodeRecord, NodeState
 from spotrun.state.store import Store
 
 _log = log.get("provisioning")
@@ -109,7 +109,7 @@ class Provisioner:
             except CapacityError as exc:
                 errors.append(str(exc))
                 self.store.add_event(
-                    self.cluster, "capacity", f"{_describe(placement)}: {exc}; trying the next candidate"
+                    self.cluster, EventKind.CAPACITY, f"{_describe(placement)}: {exc}; trying the next candidate"
                 )
                 continue
             self.store.delete_launch(self.cluster, intent.key)
@@ -138,7 +138,7 @@ class Provisioner:
         )
         self.store.add_event(
             self.cluster,
-            "launch",
+            EventKind.LAUNCH,
             f"launching {intent.count} x {_describe(placement)}"
             + (f" to replace {', '.join(intent.replaces)}" if intent.replaces else ""),
         )
@@ -153,7 +153,7 @@ class Provisioner:
                 if i.labels.get("idempotency_key") == spec.idempotency_key
             ]
             placement.provider.terminate(leftovers)
-            self.store.add_event(self.cluster, "failure", f"launch failed: {exc}")
+            self.store.add_event(self.cluster, EventKind.FAILURE, f"launch failed: {exc}")
             raise
         launched = sorted((i for i in placement.provider.instances(self.cluster) if i.id in ids), key=lambda i: i.id)
         replaces = list(intent.replaces) + [None] * len(launched)
@@ -228,7 +228,7 @@ class Provisioner:
             failed[vm] = f"agent did not register within {AGENT_READY_TIMEOUT_S:.0f} s"
         for vm in ready:
             if vm not in failed:
-                self.store.add_event(self.cluster, "bootstrap", f"{vm} bootstrapped; agent alive", vm)
+                self.store.add_event(self.cluster, EventKind.BOOTSTRAP, f"{vm} bootstrapped; agent alive", vm)
         if failed:
             self._give_up(by_id, failed)
 
@@ -261,7 +261,9 @@ class Provisioner:
             provider.terminate([vm for vm in failed if by_id[vm].provider == provider.name])
         for vm, error in failed.items():
             self.record_node(by_id[vm], NodeState.FAILED, detail=error)
-            self.store.add_event(self.cluster, "failure", f"{vm} did not come up and was terminated: {error}", vm)
+            self.store.add_event(
+                self.cluster, EventKind.FAILURE, f"{vm} did not come up and was terminated: {error}", vm
+            )
         first_vm, first_error = next(iter(failed.items()))
         raise BootstrapError(
             f"{len(failed)} of {len(by_id)} VMs failed to bootstrap and were terminated; {first_vm}: {first_error}",

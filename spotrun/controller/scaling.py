@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from spotrun.errors import MembershipError, NotFoundError, SpotrunError
-from spotrun.state.records import NodeReason, NodeRecord, NodeState
+from spotrun.state.records import EventKind, NodeReason, NodeRecord, NodeState
 from spotrun.state.spec import recipe_from_spec
 from spotrun.state.store import Store
 
@@ -49,7 +49,7 @@ def set_target(store: Store, cluster: str, nodes: int) -> TargetChange:
         return TargetChange(cluster, before, nodes)
     store.set_target(cluster, nodes)
     was = "unset" if before is None else str(before)
-    store.add_event(cluster, "scale", f"target {was} -> {nodes} nodes")
+    store.add_event(cluster, EventKind.SCALE, f"target {was} -> {nodes} nodes")
     return TargetChange(cluster, before, nodes)
 
 
@@ -76,6 +76,6 @@ def drain(store: Store, cluster: str, node: str, detail: str = "") -> NodeRecord
             )
         updated = replace(record, state=NodeState.LEAVING, reason=NodeReason.DRAIN, detail=detail)
         if store.cas_node(updated, revision):
-            store.add_event(cluster, "drain", f"{node}: {updated.reason_text}", node)
+            store.add_event(cluster, EventKind.DRAIN, f"{node}: {updated.reason_text}", node)
             return updated
     raise MembershipError(f"node {node!r} of cluster {cluster!r} kept changing while draining it", hint="try again")

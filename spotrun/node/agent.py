@@ -25,7 +25,7 @@ from spotrun import log
 from spotrun.errors import ControlPlaneError, SpotrunError
 from spotrun.node.protocol import ControlCommand, ExitCode
 from spotrun.state.etcd import LeaseKeeper
-from spotrun.state.records import NodeReason, NodeRecord, NodeState, Notice, decode
+from spotrun.state.records import EventKind, NodeReason, NodeRecord, NodeState, Notice, decode
 from spotrun.state.store import Store, connect
 from spotrun.state.watch import WatchEvent
 
@@ -76,7 +76,7 @@ class Agent:
         cluster, node = self.config.cluster, self.config.node
         self._keep_alive()
         self._set_state(NodeState.RUNNING, detail="agent registered")
-        self.store.add_event(cluster, "join", f"agent on {node} registered (pid {os.getpid()})", node)
+        self.store.add_event(cluster, EventKind.JOIN, f"agent on {node} registered (pid {os.getpid()})", node)
         _log.info("registered", extra=log.kv(cluster=cluster, node=node, ttl=self.config.ttl))
         threading.Thread(target=self._watch_notice, name="notice", daemon=True).start()
         watches = [self.store.watch_node(cluster, node, self._on_own_record)]
@@ -163,13 +163,13 @@ class Agent:
         node = self.config.node
         if code == ExitCode.OK and leaving:
             self._guard(lambda: self._set_state(NodeState.LEAVING, NodeReason.LEFT))
-            self._event("leave", f"{node} left the training job")
+            self._event(EventKind.LEAVE, f"{node} left the training job")
             return True
         if code == ExitCode.OK:
-            self._event("finished", f"{node}: training job finished")
+            self._event(EventKind.FINISHED, f"{node}: training job finished")
             self._guard(lambda: self._set_state(NodeState.RUNNING, NodeReason.FINISHED))
             return True
-        self._event("failure", f"{node}: launcher exited with code {code}; restarting")
+        self._event(EventKind.FAILURE, f"{node}: launcher exited with code {code}; restarting")
         return False
 
     def _parked(self) -> bool:
@@ -203,7 +203,7 @@ class Agent:
         if joiner == self.config.node:
             if not self._ready_said:  # the launcher reached the rendezvous: this node can take work
                 self._ready_said = True
-                self._event("ready", f"{joiner} is in the rendezvous, ready to train")
+                self._event(EventKind.READY, f"{joiner} is in the rendezvous, ready to train")
             return
         if self._parked():
             return  # a warm spare is not in the job: nothing to checkpoint or swap
@@ -235,7 +235,7 @@ class Agent:
         self._guard(
             lambda: self._set_state(NodeState.NOTICE, detail=f"{notice.source} preemption notice, {left:.0f} s left")
         )
-        self._event("notice", f"{self.config.node}: {notice.source} preemption notice, {left:.0f} s left")
+        self._event(EventKind.NOTICE, f"{self.config.node}: {notice.source} preemption notice, {left:.0f} s left")
         if self._parked():
             self._leave("preemption notice on a warm spare")  # nothing to hand over
             return
@@ -271,7 +271,7 @@ class Agent:
             if self._left:
                 return
             self._left = True
-        self._event("leaving", f"{self.config.node} leaving: {why}")
+        self._event(EventKind.LEAVING, f"{self.config.node} leaving: {why}")
         self._guard(lambda: self._set_state(NodeState.LEAVING, reason, why))
         if self._launcher is not None:
             self._launcher.leave()  # first, so the launcher does not rejoin after the workers exit
@@ -280,7 +280,7 @@ class Agent:
             self._guard(lambda: self._set_state(NodeState.LEAVING, NodeReason.LEFT))
 
     # -- etcd helpers ---------------------------------------------------------------------------
-    def _event(self, kind: str, message: str) -> None:
+    def _event(self, kind: EventKind, message: str) -> None:
         self._retry(lambda: self.store.add_event(self.config.cluster, kind, message, self.config.node))
 
     def _retry(self, write, attempts: int = 20) -> None:

@@ -125,15 +125,52 @@ class LedgerSegment:
     end: float | None = None
 
 
+class EventKind(str, enum.Enum):
+    """What one line of cluster history is about; `spotrun events`, `up --attach` and the TUI act
+    on these, never on the message text. The values are the texts events carried before."""
+
+    UP = "up"
+    DOWN = "down"
+    SCALE = "scale"
+    LAUNCH = "launch"
+    CAPACITY = "capacity"
+    BOOTSTRAP = "bootstrap"
+    JOIN = "join"
+    READY = "ready"
+    ACTIVATE = "activate"
+    NOTICE = "notice"
+    LEAVING = "leaving"
+    LEAVE = "leave"
+    DRAIN = "drain"
+    TERMINATE = "terminate"
+    PREEMPTED = "preempted"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+    FAILURE = "failure"
+    FINISHED = "finished"
+    BUDGET = "budget"
+    PRICE = "price"
+    CHAOS = "chaos"
+    CONTROLLER = "controller"
+    OTHER = "other"  # a kind this spotrun does not know (written by a newer one)
+
+
 @dataclass(frozen=True)
 class Event:
     """One line of cluster history (`/spotrun/<cluster>/events/<seq>`)."""
 
     seq: int
     at: float
-    kind: str
+    kind: EventKind
     message: str
     node: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, EventKind):
+            try:
+                object.__setattr__(self, "kind", EventKind(self.kind))
+            except ValueError:
+                object.__setattr__(self, "kind", EventKind.OTHER)
 
 
 @dataclass(frozen=True)

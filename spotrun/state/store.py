@@ -21,6 +21,7 @@ from spotrun.state.etcd import Etcd
 from spotrun.state.records import (
     CheckpointRecord,
     Event,
+    EventKind,
     LaunchIntent,
     LedgerSegment,
     NodeRecord,
@@ -237,7 +238,7 @@ class Store(Etcd):
 
     # --- events --------------------------------------------------------------------------------
 
-    def add_event(self, cluster: str, kind: str, message: str, node: str | None = None) -> Event:
+    def add_event(self, cluster: str, kind: EventKind, message: str, node: str | None = None) -> Event:
         """Append one history line with the next sequence number (1, 2, ...).
 
         The seq is allocated by a compare-and-set (no key >= seq may exist), so concurrent
