@@ -267,12 +267,13 @@ remote_checkpoint.write(sys.argv[1], 20, 2, lambda p: torch.save(state, p))
 
 
 def test_writer_killed_mid_upload_leaves_no_checkpoint_and_the_next_write_cleans_up(
-    url: str, env: dict[str, str], small_parts: dict[str, str]
+    url: str, env: dict[str, str], small_parts: dict[str, str], tmp_path: Path
 ) -> None:
     remote_checkpoint.write(url, 10, 2, _save(10))
     child = subprocess.Popen(
         [sys.executable, "-c", KILLED_WRITER, url],
-        env={**os.environ, **env, **small_parts, "SPOTRUN_STORAGE_PARTS_IN_FLIGHT": "1"},
+        # TMPDIR: the killed writer cannot remove its local copy of the state.
+        env={**os.environ, **env, **small_parts, "SPOTRUN_STORAGE_PARTS_IN_FLIGHT": "1", "TMPDIR": str(tmp_path)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
