@@ -324,3 +324,16 @@ def test_a_part_that_keeps_failing_aborts_the_upload(
         store.put_file(f"{prefix}/big", big)
     assert tries.count(2) == 3  # retried, then given up
     assert store.pending_uploads(prefix + "/") == [] and store.names(prefix + "/") == []
+
+
+def test_transfer_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spotrun.providers.storage import Transfer
+
+    from spotrun.errors import ProviderError
+
+    monkeypatch.delenv("SPOTRUN_STORAGE_PART_BYTES", raising=False)
+    monkeypatch.setenv("SPOTRUN_STORAGE_PARTS_IN_FLIGHT", "8")
+    assert Transfer.from_env() == Transfer(part_bytes=64 * 2**20, in_flight=8)
+    monkeypatch.setenv("SPOTRUN_STORAGE_PART_BYTES", "64M")
+    with pytest.raises(ProviderError, match="SPOTRUN_STORAGE_PART_BYTES='64M' is not a positive integer"):
+        Transfer.from_env()
