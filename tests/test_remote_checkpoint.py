@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -185,3 +188,152 @@ def test_missing_bucket_and_bad_scheme_are_one_line(env: dict[str, str]) -> None
     warnings: list[str] = []
     assert remote_checkpoint.newest_valid("s3://no-such-bucket-spotrun/x", warn=warnings.append) is None
     assert warnings and "\n" not in warnings[0]
+
+
+PART = 5 * 2**20  # S3's (and moto's) smallest part but the last
+
+
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    values = {"SPOTRUN_STORAGE_PART_BYTES": str(PART), "SPOTRUN_STORAGE_PARTS_IN_FLIGHT": "2"}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    return values
+
+
+def _big_state(seed: int) -> dict:
+    """About 12.6 MB once saved: three 5 MiB parts."""
+    return {"w": torch.randn(3_150_000, generator=torch.Generator().manual_seed(seed)), "seed": seed}
+
+
+def test_multipart_upload_spans_parts_and_reads_back_equal(
+    url: str, small_parts: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spotrun.providers.aws import storage as s3
+
+    original = s3.S3Multipart.put_part
+    lock, active, most = threading.Lock(), [0], [0]
+
+    def put_part(self: object, *args: object) -> str:  # counts the parts on the wire at once
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            time.sleep(0.3)
+            return original(self, *args)  # type: ignore[arg-type]
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(s3.S3Multipart, "put_part", put_part)
+    written: list[bytes] = []
+
+    def save(path: Path) -> None:
+        torch.save(_big_state(1), path)
+        written.append(path.read_bytes())
+
+    manifest = remote_checkpoint.write(url, 5, 2, save)
+    store, prefix = open_store(url)
+    name = f"{prefix}/step-000000005/{manifest.state}"
+    obj = store.driver.get_object(store.bucket, name)
+    assert obj.size == len(written[0]) > 2 * PART
+    assert obj.hash.endswith("-3")  # S3's ETag of an object completed from 3 parts
+    back = tmp_path / "back"
+    assert store.download(name, back) and back.read_bytes() == written[0]
+    assert torch.equal(remote_checkpoint.load_state(remote_checkpoint.newest_valid(url))["w"], _big_state(1)["w"])
+    assert store.pending_uploads(prefix + "/") == []
+    assert most[0] == 2  # parallel, and never more than SPOTRUN_STORAGE_PARTS_IN_FLIGHT
+
+
+# Uploads step 20 in 5 MiB parts, one at a time, and stops dead after the second part: the
+# parent SIGKILLs it there.
+KILLED_WRITER = """
+import sys, time, torch
+import spotrun.providers.aws.storage as s3
+from spotrun.elastic.checkpoint import remote as remote_checkpoint
+sent = []
+original = s3.S3Multipart.put_part
+def put_part(self, *args):
+    etag = original(self, *args)
+    sent.append(etag)
+    if len(sent) == 2:
+        print("two parts sent", flush=True)
+        time.sleep(600)
+    return etag
+s3.S3Multipart.put_part = put_part
+state = {"w": torch.randn(3_150_000, generator=torch.Generator().manual_seed(20)), "seed": 20}
+remote_checkpoint.write(sys.argv[1], 20, 2, lambda p: torch.save(state, p))
+"""
+
+
+def test_writer_killed_mid_upload_leaves_no_checkpoint_and_the_next_write_cleans_up(
+    url: str, env: dict[str, str], small_parts: dict[str, str], tmp_path: Path
+) -> None:
+    remote_checkpoint.write(url, 10, 2, _save(10))
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, url],
+        # TMPDIR: the killed writer cannot remove its local copy of the state.
+        env={**os.environ, **env, **small_parts, "SPOTRUN_STORAGE_PARTS_IN_FLIGHT": "1", "TMPDIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    line = child.stdout.readline()  # blocks until the second part is stored, or the child died
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    assert line == "two parts sent\n", child.stderr.read()
+    store, prefix = open_store(url)
+    (upload,) = store.pending_uploads(prefix + "/")
+    assert upload.name.startswith(f"{prefix}/step-000000020/state-")
+    assert remote_checkpoint.steps(url) == [10]  # the unfinished upload is no object
+    assert remote_checkpoint.verify(f"{url}/step-000000020") is None
+    assert remote_checkpoint.newest_valid(url, warn=lambda _: None).step == 10
+
+    manifest = remote_checkpoint.write(url, 30, 2, lambda p: torch.save(_big_state(30), p))
+    assert store.pending_uploads(prefix + "/") == []  # the dead writer's parts are freed
+    found = remote_checkpoint.newest_valid(url)
+    assert found is not None and found.step == 30 and found.sha256 == manifest.sha256
+    assert torch.equal(remote_checkpoint.load_state(found)["w"], _big_state(30)["w"])
+
+
+def test_a_part_that_keeps_failing_aborts_the_upload(
+    url: str, small_parts: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spotrun.providers.aws import storage as s3
+
+    from spotrun.errors import ProviderError
+
+    original = s3.S3Multipart.put_part
+    tries: list[int] = []
+
+    def put_part(
+        self: object, driver: object, container: object, name: str, upload_id: str, number: int, data: bytes
+    ) -> str:
+        tries.append(number)
+        if number == 2:
+            raise ConnectionResetError("the network dropped part 2")
+        return original(self, driver, container, name, upload_id, number, data)
+
+    monkeypatch.setattr(s3.S3Multipart, "put_part", put_part)
+    monkeypatch.setattr("spotrun.providers.storage.time.sleep", lambda _: None)
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(2 * PART + 1))
+    store, prefix = open_store(url)
+    with pytest.raises(ProviderError, match=r"upload part 2 of .*ConnectionResetError"):
+        store.put_file(f"{prefix}/big", big)
+    assert tries.count(2) == 3  # retried, then given up
+    assert store.pending_uploads(prefix + "/") == [] and store.names(prefix + "/") == []
+
+
+def test_transfer_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spotrun.providers.storage import Transfer
+
+    from spotrun.errors import ProviderError
+
+    monkeypatch.delenv("SPOTRUN_STORAGE_PART_BYTES", raising=False)
+    monkeypatch.setenv("SPOTRUN_STORAGE_PARTS_IN_FLIGHT", "8")
+    assert Transfer.from_env() == Transfer(part_bytes=64 * 2**20, in_flight=8)
+    monkeypatch.setenv("SPOTRUN_STORAGE_PART_BYTES", "64M")
+    with pytest.raises(ProviderError, match="SPOTRUN_STORAGE_PART_BYTES='64M' is not a positive integer"):
+        Transfer.from_env()

@@ -13,6 +13,11 @@ no rename:
 - Two survivors writing the same step never mix: each manifest names its own state object, so
   whichever manifest lands last points at a whole state.
 - `write` is idempotent: a step that already verifies is kept.
+- Large state objects go up as parallel multipart uploads (providers/storage.py): an
+  unfinished one is no object at all, so a writer killed mid-upload leaves at most a step
+  without its state or manifest. `write` of step N aborts the unfinished uploads of every
+  older step (their writers are dead or superseded), never those of step N itself, which
+  another survivor may be writing right now.
 
 Functions mirror spotrun/elastic/checkpoint.py (`write`, `verify`, `steps`, `newest_valid`,
 `prune`, `load_state`; `Manifest.path` is the step's URL), so the trainer picks the module by the
@@ -97,6 +102,7 @@ def write(
     existing = _verify(store, step_key)
     if existing is not None:
         return existing
+    _abort_stale_uploads(store, prefix, step)
     state_name = f"state-{uuid.uuid4().hex[:12]}.pt"
     with tempfile.TemporaryDirectory(prefix="spotrun-ckpt-") as tmp:
         state = Path(tmp) / state_name
@@ -160,15 +166,33 @@ def _verify(store: Any, step_key: str) -> RemoteManifest | None:
         return None
 
 
+def _step_of(prefix: str, name: str) -> int | None:
+    """The step of object (or upload) `name` under `prefix`, None for a name of no step."""
+    part = name[len(prefix) :].lstrip("/").split("/", 1)[0] if prefix else name.split("/", 1)[0]
+    if part.startswith(_PREFIX) and part[len(_PREFIX) :].isdigit():
+        return int(part[len(_PREFIX) :])
+    return None
+
+
+def _abort_stale_uploads(store: Any, prefix: str, step: int) -> None:
+    """Abort the unfinished multipart uploads of steps before `step` (see the module docstring).
+    Best effort: a store that refuses (say, a policy without ListMultipartUploads) only warns,
+    since a leftover upload costs storage but never makes a checkpoint look whole."""
+    try:
+        for upload in store.pending_uploads(_key(prefix, _PREFIX)):
+            old = _step_of(prefix, upload.name)
+            if old is not None and old < step:
+                _log.info("aborting the unfinished upload of %s (started %s)", store.url(upload.name), upload.started)
+                store.abort_upload(upload)
+    except ProviderError as exc:
+        _log.warning("cannot clean up unfinished uploads under %s: %s", store.url(prefix), exc)
+
+
 def steps(url: str | os.PathLike[str]) -> list[int]:
     """Steps that have any object under `url` (whole or not), newest first."""
     store, prefix = _split(url)
-    found = set()
-    for name in store.names(_key(prefix, _PREFIX)):
-        part = name[len(prefix) :].lstrip("/").split("/", 1)[0] if prefix else name.split("/", 1)[0]
-        if part.startswith(_PREFIX) and part[len(_PREFIX) :].isdigit():
-            found.add(int(part[len(_PREFIX) :]))
-    return sorted(found, reverse=True)
+    found = {_step_of(prefix, name) for name in store.names(_key(prefix, _PREFIX))}
+    return sorted((step for step in found if step is not None), reverse=True)
 
 
 def newest_valid(url: str | os.PathLike[str], warn: Callable[[str], None] | None = None) -> RemoteManifest | None:
