@@ -11,6 +11,7 @@ def test_an_event_keeps_its_kind_through_etcd_json() -> None:
     back = decode(Event, encode(event))
     assert back == event and back.kind is EventKind.FINISHED
     assert b'"kind":"finished"' in encode(event), "the JSON keeps the plain text an older spotrun wrote"
+    assert f"{event.kind}: {event.message}" == "finished: vm-1: training job finished", "shown as its text"
 
 
 def test_old_text_kinds_decode_and_unknown_ones_are_other() -> None:

@@ -154,6 +154,9 @@ class EventKind(str, enum.Enum):
     CONTROLLER = "controller"
     OTHER = "other"  # a kind this spotrun does not know (written by a newer one)
 
+    def __str__(self) -> str:  # the plain text in messages and tables ("launch", not "EventKind.LAUNCH")
+        return self.value
+
 
 @dataclass(frozen=True)
 class Event:
