@@ -62,7 +62,7 @@ class Job:
         self.state_dir.mkdir(exist_ok=True)
         self.launchers: dict[str, Launcher] = {}
 
-    def start(self, node: str, *extra: str) -> Launcher:
+    def start(self, node: str, *extra: str, script_args: tuple[str, ...] = ()) -> Launcher:
         log = self.tmp / f"{node}.log"
         cmd = [
             sys.executable,
@@ -85,6 +85,7 @@ class Job:
             str(self.state_dir),
             "--steps",
             str(self.steps),
+            *script_args,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1", SPOTRUN_LAUNCH_LOG="WARNING", OMP_NUM_THREADS="1")
         with open(log, "wb") as out:
@@ -311,6 +312,25 @@ def test_silently_vanished_node_is_dropped_by_its_lease(job: Job, etcd_server) -
     t1 = job.first_step_at(1, t0, ["n1"])
     _report("silent vanish, SIGSTOP (stop -> first step at world 1)", t1 - t0)
     assert t1 - t0 < BOUND_S  # not the 60 s collective timeout
+
+
+@pytest.mark.slow
+def test_worker_stuck_in_a_collective_is_killed_within_the_shutdown_bound(job: Job, etcd_server) -> None:
+    """A survivor's worker that ignores SIGTERM while blocked in a collective (an NCCL hang): the
+    broken round makes its agent stop it, SIGKILL follows after the launcher's 5 s (torch alone: 30 s)."""
+    stuck = ("--stuck-on-failure",)
+    st = store_mod.connect([etcd_server.endpoint])
+    try:
+        job.start("n1", script_args=stuck)
+        job.start("n2", script_args=stuck)
+        job.form(2, ["n1", "n2"], st)
+    finally:
+        st.close()
+    t0 = time.time()
+    job.launchers["n2"].kill_group()
+    t1 = job.first_step_at(1, t0, ["n1"])
+    _report("peer killed, survivor's worker ignores SIGTERM (kill -> first step at world 1)", t1 - t0)
+    assert t1 - t0 < BOUND_S < 30, "the stuck worker must be killed at the launcher's bound, not torch's 30 s"
 
 
 @pytest.mark.slow
