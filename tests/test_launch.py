@@ -238,6 +238,23 @@ def test_three_nodes_train_to_the_end(etcd_server, cluster: str, tmp_path: Path)
 
 
 @pytest.mark.slow
+def test_nodes_with_different_worker_counts_get_node_major_ranks(etcd_server, cluster: str, tmp_path: Path) -> None:
+    """A VM of 2 workers and one of 1 (8 x A100 beside 4 x A10G, scaled down): world 3, each node's
+    ranks one contiguous block."""
+    j = Job(etcd_server.endpoint, cluster, tmp_path, nnodes="2:2", steps=20)
+    try:
+        nodes = [j.start("n1", "--nproc-per-node", "2"), j.start("n2", "--nproc-per-node", "1")]
+        for launcher in nodes:
+            assert launcher.proc.wait(90) == 0, launcher.log.read_text()[-3000:]
+        ranks = {launcher.node: sorted({r for _, w, r, _ in launcher.steps() if w == 3}) for launcher in nodes}
+        assert sorted(ranks.values()) in ([[0], [1, 2]], [[0, 1], [2]]), ranks
+        assert len(ranks["n1"]) == 2 and len(ranks["n2"]) == 1, ranks
+        assert all(launcher.steps()[-1][0] == 20 for launcher in nodes)
+    finally:
+        j.stop_all()
+
+
+@pytest.mark.slow
 def test_join_leave_kill_and_rank0_leave(job: Job, etcd_server) -> None:
     """3 nodes; a 4th joins (coordinated); it leaves (SIGTERM); one is hard-killed; rank 0 leaves (SIGUSR1)."""
     st = store_mod.connect([etcd_server.endpoint])
