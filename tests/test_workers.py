@@ -57,6 +57,16 @@ def test_the_agent_hands_the_workers_to_the_launcher(tmp_path) -> None:
     assert argv.index("--nproc-per-node") < argv.index("--")
 
 
+@pytest.mark.parametrize("bad", ["0", "-2", "two"])
+def test_the_agent_refuses_a_worker_count_below_one(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from spotrun.node import agent
+
+    with pytest.raises(SystemExit) as exited:
+        agent.main(["--cluster", "c", "--node", "n", "--etcd", "http://127.0.0.1:1", "--workers", bad])
+    assert exited.value.code == 2
+    assert f"argument --workers: must be an integer >= 1, got {bad!r}" in capsys.readouterr().err
+
+
 def _shard(rank: int, world: int, offset: int, global_batch: int, dataset_len: int) -> list[int]:
     """The trainer's own sharding for one rank, without a process group."""
     trainer = ElasticTrainer.__new__(ElasticTrainer)

@@ -334,11 +334,12 @@ def _checkpoint_location(root: Path, directory: str | None):
 
 
 def _positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
+    """argparse type: an integer >= 1. Raises argparse.ArgumentTypeError otherwise."""
+    import argparse
+
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
 
 
 def run_agent(config: AgentConfig) -> None:
