@@ -1,7 +1,8 @@
 """The one recipe of a local-provider cluster that tests and benches write (bench/ imports it
 through bench/_shared.py; tests never import bench/).
 
-One candidate, `local` `cpu-small` at the given prices, `nodes.min` 1, the work dir `work`, and
+One candidate, `local` `cpu-small` at the given prices (with `workers` training workers per VM
+when given), `nodes.min` 1, the work dir `work`, and
 `control_plane` external at `endpoint` when one is given (else the embedded etcd). Every other
 top-level recipe key (setup, env, checkpoint, budget, chaos, control_plane, ...) is passed as a
 keyword with its plain value.
@@ -28,6 +29,7 @@ def local_recipe(
     spot: float = 0.10,
     on_demand: float = 0.40,
     boot_s: float | None = None,
+    workers: int | None = None,
     workdir: str | Path = "work",
     run: str = "python train.py",
     endpoint: str | None = None,
@@ -41,6 +43,8 @@ def local_recipe(
     }
     if boot_s is not None:
         resource["boot_s"] = boot_s
+    if workers is not None:
+        resource["workers"] = workers
     nodes: dict[str, Any] = {"min": 1, "max": max_nodes, "target": target}
     if spares is not None:
         nodes["spares"] = spares

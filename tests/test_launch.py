@@ -62,7 +62,7 @@ class Job:
         self.state_dir.mkdir(exist_ok=True)
         self.launchers: dict[str, Launcher] = {}
 
-    def start(self, node: str, *extra: str) -> Launcher:
+    def start(self, node: str, *extra: str, script_args: tuple[str, ...] = ()) -> Launcher:
         log = self.tmp / f"{node}.log"
         cmd = [
             sys.executable,
@@ -85,6 +85,7 @@ class Job:
             str(self.state_dir),
             "--steps",
             str(self.steps),
+            *script_args,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1", SPOTRUN_LAUNCH_LOG="WARNING", OMP_NUM_THREADS="1")
         with open(log, "wb") as out:
@@ -237,6 +238,23 @@ def test_three_nodes_train_to_the_end(etcd_server, cluster: str, tmp_path: Path)
 
 
 @pytest.mark.slow
+def test_nodes_with_different_worker_counts_get_node_major_ranks(etcd_server, cluster: str, tmp_path: Path) -> None:
+    """A VM of 2 workers and one of 1 (8 x A100 beside 4 x A10G, scaled down): world 3, each node's
+    ranks one contiguous block."""
+    j = Job(etcd_server.endpoint, cluster, tmp_path, nnodes="2:2", steps=20)
+    try:
+        nodes = [j.start("n1", "--nproc-per-node", "2"), j.start("n2", "--nproc-per-node", "1")]
+        for launcher in nodes:
+            assert launcher.proc.wait(90) == 0, launcher.log.read_text()[-3000:]
+        ranks = {launcher.node: sorted({r for _, w, r, _ in launcher.steps() if w == 3}) for launcher in nodes}
+        assert sorted(ranks.values()) in ([[0], [1, 2]], [[0, 1], [2]]), ranks
+        assert len(ranks["n1"]) == 2 and len(ranks["n2"]) == 1, ranks
+        assert all(launcher.steps()[-1][0] == 20 for launcher in nodes)
+    finally:
+        j.stop_all()
+
+
+@pytest.mark.slow
 def test_join_leave_kill_and_rank0_leave(job: Job, etcd_server) -> None:
     """3 nodes; a 4th joins (coordinated); it leaves (SIGTERM); one is hard-killed; rank 0 leaves (SIGUSR1)."""
     st = store_mod.connect([etcd_server.endpoint])
@@ -311,6 +329,25 @@ def test_silently_vanished_node_is_dropped_by_its_lease(job: Job, etcd_server) -
     t1 = job.first_step_at(1, t0, ["n1"])
     _report("silent vanish, SIGSTOP (stop -> first step at world 1)", t1 - t0)
     assert t1 - t0 < BOUND_S  # not the 60 s collective timeout
+
+
+@pytest.mark.slow
+def test_worker_stuck_in_a_collective_is_killed_within_the_shutdown_bound(job: Job, etcd_server) -> None:
+    """A survivor's worker that ignores SIGTERM while blocked in a collective (an NCCL hang): the
+    broken round makes its agent stop it, SIGKILL follows after the launcher's 5 s (torch alone: 30 s)."""
+    stuck = ("--stuck-on-failure",)
+    st = store_mod.connect([etcd_server.endpoint])
+    try:
+        job.start("n1", script_args=stuck)
+        job.start("n2", script_args=stuck)
+        job.form(2, ["n1", "n2"], st)
+    finally:
+        st.close()
+    t0 = time.time()
+    job.launchers["n2"].kill_group()
+    t1 = job.first_step_at(1, t0, ["n1"])
+    _report("peer killed, survivor's worker ignores SIGTERM (kill -> first step at world 1)", t1 - t0)
+    assert t1 - t0 < BOUND_S < 30, "the stuck worker must be killed at the launcher's bound, not torch's 30 s"
 
 
 @pytest.mark.slow

@@ -256,6 +256,23 @@ def test_bad_accelerators(tmp_path: Path) -> None:
     ]
 
 
+def test_workers_per_vm_default_to_accelerators_and_reject_zero(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        "    instance_type: cpu-small\n",
+        "    instance_type: cpu-small\n"
+        "  - {provider: local, instance_type: gpu-8, accelerators: 'A100:8'}\n"
+        "  - {provider: local, instance_type: gpu-4, accelerators: 'A10G:4', workers: 2}\n",
+    )
+    recipe = load_recipe(write(tmp_path, text))
+    assert [r.workers_per_vm for r in recipe.resources] == [1, 8, 2]
+    assert Recipe.from_json(recipe.to_json()).resources[2].workers == 2
+    base = "    instance_type: cpu-small\n"
+    for bad in ("0", "-1"):
+        assert problems(tmp_path, GOOD.replace(base, base + f"    workers: {bad}\n")) == [
+            f"F:5:14: resources[0].workers: must be > 0, got {bad}"
+        ]
+
+
 def test_numeric_limits(tmp_path: Path) -> None:
     base = "    instance_type: cpu-small\n"
     text = GOOD.replace(base, base + "    max_price: -1\n") + "checkpoint: {every_steps: 0, keep: 0}\n"

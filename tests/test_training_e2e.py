@@ -107,12 +107,13 @@ def job_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, etcd_server):
     shutil.copy(SCRIPTS / "steps.py", work / "steps.py")
     jobs: list[Job] = []
 
-    def make(name: str, *, target: int = 3, steps: int = 300, delay: float = 0.03) -> Job:
+    def make(name: str, *, target: int = 3, steps: int = 300, delay: float = 0.03, workers: int | None = None) -> Job:
         recipe = tmp_path / f"{name}.yaml"
         recipe.write_text(
             local_recipe(
                 name,
                 target=target,
+                workers=workers,
                 run=steps_run(steps, delay),
                 env=SHARED_STEPS_ENV,
                 checkpoint={"every_steps": 25, "keep": 3},
@@ -156,6 +157,23 @@ def test_preempted_node_leaves_survivors_training_without_lost_steps(job_factory
     job.wait(lambda: job.finished(400), timeout=120, what="step 400")
     assert job.duplicates() == [], "a completed step ran twice"
     assert [s for _, s, _ in job.steps()] == list(range(1, 401))
+
+
+@pytest.mark.parametrize("notice", [10.0, 0.0], ids=["notice", "hard-kill"])
+def test_two_workers_per_vm_lose_no_step_when_a_vm_goes(job_factory, notice: float) -> None:
+    from spotrun.client.nodes import preempt
+
+    job = job_factory(f"e2e-w2-{int(notice)}", steps=300, workers=2)
+    job.up(controller=False)
+    job.wait(lambda: job.at_world(6) and job.steps()[-1][1] > 40, what="training at world 6 (3 VMs x 2 workers)")
+    at_six = {rank for rank in range(6) if any(w == 6 for _, _, w in job.steps(rank))}
+    assert at_six == set(range(6)), "every worker of the three VMs trains"
+    victim = next(n for n in _node_ids(job) if n != job.node_of_rank0())
+    preempt(job.name, victim, notice)
+    job.wait(lambda: job.at_world(4), what="world size 4 (2 VMs x 2 workers)")
+    job.wait(lambda: job.finished(300), timeout=120, what="step 300")
+    assert job.duplicates() == [], "a completed step ran twice"
+    assert [s for _, s, _ in job.steps()] == list(range(1, 301))
 
 
 def test_rank0_node_preempted_job_continues(job_factory) -> None:

@@ -79,14 +79,15 @@ def main() -> None:
         model, optimizer, total_steps=args.steps, global_batch=args.batch, dataset_len=args.samples
     ) as trainer:
         for step, idx in trainer.batches():
-            logits = trainer.model(images[idx])
-            loss = loss_fn(logits, labels[idx])
+            x, y = images[idx].to(trainer.device), labels[idx].to(trainer.device)  # cuda:LOCAL_RANK or cpu
+            logits = trainer.model(x)
+            loss = loss_fn(logits, y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             trainer.step_done(loss.item())
             if trainer.rank == 0 and (step % args.log_every == 0 or step == args.steps):
-                accuracy = (logits.argmax(1) == labels[idx]).float().mean().item()
+                accuracy = (logits.argmax(1) == y).float().mean().item()
                 print(f"step {step} world {trainer.world_size} loss {loss.item():.4f} acc {accuracy:.2f}", flush=True)
     if math.isnan(loss.item()):
         raise SystemExit("loss became NaN")

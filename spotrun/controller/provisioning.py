@@ -32,6 +32,7 @@ from spotrun.state.store import Store
 _log = log.get("provisioning")
 
 AGENT_READY_TIMEOUT_S = 60.0
+_CANDIDATE_SEP = "-c"  # a launch's idempotency key is "<intent key>-c<candidate index>"
 HEAD_ROLE = "head"  # the `role` label of a cluster's head VM; the provisioner never counts it as a node
 
 
@@ -134,7 +135,7 @@ class Provisioner:
             offer=placement.offer,
             count=intent.count,
             ssh_public_key=self.public_key,
-            idempotency_key=f"{intent.key}-c{placement.index}",
+            idempotency_key=f"{intent.key}{_CANDIDATE_SEP}{placement.index}",
         )
         self.store.add_event(
             self.cluster,
@@ -235,7 +236,7 @@ class Provisioner:
     def _agent_argv(self, inst: Instance) -> list[str]:
         argv = ["spotrun-agent", "--cluster", inst.cluster, "--node", inst.id]
         if self.record.train:
-            argv.append("--train")
+            argv += ["--train", "--workers", str(workers_for(self.recipe, inst))]
         if inst.extra.get("shared_dir"):
             argv += ["--checkpoint-root", inst.extra["shared_dir"]]
         for endpoint in self.record.agent_endpoints or self.record.endpoints:
@@ -269,6 +270,18 @@ class Provisioner:
             f"{len(failed)} of {len(by_id)} VMs failed to bootstrap and were terminated; {first_vm}: {first_error}",
             hint="see `spotrun events` / `spotrun status`",
         )
+
+
+def workers_for(recipe: Recipe, inst: Instance) -> int:
+    """Training workers on `inst`: those of the recipe candidate it was launched from (its launch
+    key ends in that candidate's index); else of the first candidate of its provider and type (the
+    recipe changed since the launch); else 1."""
+    _, _, index = inst.labels.get("idempotency_key", "").rpartition(_CANDIDATE_SEP)
+    candidates = list(recipe.resources)
+    if index.isdigit() and int(index) < len(candidates):
+        candidates.insert(0, candidates[int(index)])
+    same = (c for c in candidates if (c.provider, c.instance_type) == (inst.provider, inst.instance_type))
+    return next((c.workers_per_vm for c in same), 1)
 
 
 def _describe(placement: Placement) -> str:

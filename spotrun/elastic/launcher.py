@@ -15,6 +15,8 @@ Settings passed to torchrun: `--rdzv-backend spotrun-etcd`, `--rdzv-endpoint` = 
 keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=...,cluster=C,node=N`,
 `--max-restarts` 1000000 (every membership change is a restart), `--monitor-interval 0.1`,
 `--shutdown-timeout 5`, `--signals-to-handle SIGINT,SIGHUP,SIGQUIT` (SIGTERM is ours, below).
+The 5 s from SIGTERM to SIGKILL also bound torch's restart of the workers when a peer is gone
+(torch itself waits 30 s there), so a worker stuck in a collective never holds up the survivors.
 
 Environment: sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (required: with the shared agent store
 recoveries failed on stale gloo addresses), `GRPC_ENABLE_FORK_SUPPORT=0` (with it on, every fork
@@ -82,6 +84,7 @@ from spotrun.node.protocol import CLUSTER_ENV, COLLECTIVE_TIMEOUT_ENV, NODE_ENV,
 __all__ = ["LaunchPlan", "build_plan", "main"]
 
 MAX_RESTARTS = 1_000_000
+SHUTDOWN_TIMEOUT_S = 5  # SIGTERM to SIGKILL for workers, at a restart as at the end
 STANDBY_POLL_S = 0.02  # a parked spare notices its activation within this
 _log = logging.getLogger("spotrun.elastic.launcher")
 
@@ -181,7 +184,7 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         "--start-method",
         "fork",
         "--shutdown-timeout",
-        "5",
+        str(SHUTDOWN_TIMEOUT_S),
         "--signals-to-handle",
         "SIGINT,SIGHUP,SIGQUIT",
     ]
@@ -251,7 +254,26 @@ def _parked(plan: LaunchPlan, signals: _Signals) -> bool:
     return False
 
 
+def _bound_worker_stops() -> None:
+    """Make torch's agent give its workers SHUTDOWN_TIMEOUT_S, not 30 s, between SIGTERM and
+    SIGKILL when it restarts them (a broken round: a peer is gone). torch passes --shutdown-timeout
+    only to its final shutdown; a worker that outlives SIGTERM (blocked in an NCCL collective whose
+    peer died, with a Python SIGTERM handler that never gets to run) would otherwise hold this
+    node out of the survivors' next round for 30 s. Patches the private
+    `LocalElasticAgent._stop_workers`; a torch without `_shutdown` keeps its own behaviour."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    if not callable(getattr(LocalElasticAgent, "_shutdown", None)):
+        return
+
+    def stop_workers(self: LocalElasticAgent, worker_group: Any) -> None:
+        self._shutdown(timeout=getattr(self, "_shutdown_timeout", SHUTDOWN_TIMEOUT_S))
+
+    LocalElasticAgent._stop_workers = stop_workers  # type: ignore[method-assign]
+
+
 def _launch(plan: LaunchPlan) -> Any:
+    _bound_worker_stops()
     args = torchrun.parse_args(plan.torchrun_args)
     config, cmd, cmd_args = torchrun.config_from_args(args)
     entry: Callable[..., Any] | str = cmd

@@ -9,6 +9,9 @@
             t.step_done(loss.item())
 
 What it does for the script:
+- picks the device and the backend: worker LOCAL_RANK computes on `cuda:LOCAL_RANK` with NCCL
+  where the VM has CUDA, else on the CPU with gloo (spotrun.elastic.devices); the model is moved
+  to `t.device`, and the script moves its batches there;
 - resumes from the newest valid checkpoint (a corrupt newest one is skipped, with a warning);
 - re-shards data from the global sample offset, so a resize neither skips nor repeats a sample;
 - "checkpoint now": when the node agent asks (a notice, a join, a drain), all ranks agree on it
@@ -42,6 +45,7 @@ from typing import Any, NoReturn, TypeVar
 import torch
 import torch.distributed as dist
 
+from spotrun.elastic import devices
 from spotrun.elastic.checkpoint import files as checkpoint
 from spotrun.elastic.checkpoint import remote as remote_checkpoint
 from spotrun.node import protocol
@@ -84,7 +88,10 @@ class ElasticTrainer:
                 f"global_batch ({global_batch}), dataset_len ({dataset_len}) and total_steps "
                 f"({total_steps}) must be >= 1"
             )
-        self._init_group()
+        # Before the group: the backend follows the device (NCCL for CUDA tensors, gloo for CPU ones).
+        self._worker = devices.select()
+        self._init_group(self._worker.backend)
+        self.device = torch.device(self._worker.name)  # cuda:LOCAL_RANK or cpu: move batches here
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.total_steps, self.global_batch, self.dataset_len, self.seed = total_steps, global_batch, dataset_len, seed
         location = str(checkpoint_dir or _env(protocol.CHECKPOINT_DIR_ENV, str, "checkpoints"))
@@ -94,8 +101,12 @@ class ElasticTrainer:
         self.every_seconds = every_seconds or _env(protocol.CHECKPOINT_EVERY_SECONDS_ENV, float, None)
         self.keep = keep or _env(protocol.CHECKPOINT_KEEP_ENV, int, 3)
         self.optimizer = optimizer
-        self.raw_model = model
-        self.model = torch.nn.parallel.DistributedDataParallel(model) if self.world_size > 1 else model
+        self.raw_model = model.to(self.device)  # in place: the optimizer's parameters move with it
+        self.model = (
+            torch.nn.parallel.DistributedDataParallel(model, device_ids=self._worker.ddp_device_ids)
+            if self.world_size > 1
+            else model
+        )
         self.step = 0
         self.samples_seen = 0
         self._orders: dict[int, torch.Tensor] = {}
@@ -106,7 +117,7 @@ class ElasticTrainer:
         self._progress = _ProgressFile(_env(protocol.PROGRESS_FILE_ENV, Path, None) if local_zero else None)
         self._writer = _AsyncWriter()
         self._last_save_at = time.monotonic()
-        self._flag = torch.zeros(1)
+        self._flag = torch.zeros(1)  # on the CPU whatever the device: gloo carries the control collectives
         self._resume()
 
     # -- public ---------------------------------------------------------------------------------
@@ -253,12 +264,12 @@ class ElasticTrainer:
         os._exit(code)
 
     @staticmethod
-    def _init_group() -> None:
+    def _init_group(backend: str) -> None:
         if not dist.is_initialized():
             timeout = timedelta(seconds=_env(protocol.COLLECTIVE_TIMEOUT_ENV, float, 60.0))
             if _env("RANK", int, 0) != 0 and "MASTER_ADDR" in os.environ:
                 _wait_for_store(os.environ["MASTER_ADDR"], _env("MASTER_PORT", int, 0), timeout.total_seconds())
-            dist.init_process_group("gloo", timeout=timeout)
+            dist.init_process_group(backend, timeout=timeout)
 
 
 def _wait_for_store(host: str, port: int, timeout: float) -> None:

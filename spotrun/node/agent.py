@@ -51,6 +51,7 @@ class AgentConfig:
     checkpoint_root: Path | None = None  # storage every node of the cluster reaches
     state_dir: Path = DEFAULT_STATE_DIR
     leave_margin_s: float | None = None  # None: measured from the job's checkpoints (see _leave_margin)
+    workers: int = 1  # training workers on this VM (the launcher's --nproc-per-node)
 
 
 class Agent:
@@ -150,6 +151,7 @@ class Agent:
             expected_nodes=self.store.get_target(self.config.cluster) or recipe.nodes.target,
             run=recipe.run,
             nnodes=f"{recipe.nodes.min}:{recipe.nodes.max}",
+            workers=self.config.workers,
             workdir=Path.cwd(),
             env=dict(recipe.env),
             checkpoint_dir=_checkpoint_location(root, ckpt.dir if ckpt else None),
@@ -331,6 +333,15 @@ def _checkpoint_location(root: Path, directory: str | None):
     return directory if "://" in directory else root / directory
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1. Raises argparse.ArgumentTypeError otherwise."""
+    import argparse
+
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def run_agent(config: AgentConfig) -> None:
     """Run the agent until SIGTERM or SIGINT."""
     stop = threading.Event()
@@ -354,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metadata-url", help="the VM's metadata endpoint; default: $SPOTRUN_METADATA_URL")
     parser.add_argument("--ttl", type=int, default=10, help="liveness lease seconds (default 10)")
     parser.add_argument("--train", action="store_true", help="run the recipe's `run` under the elastic launcher")
+    parser.add_argument(
+        "--workers", type=_positive, default=1, help="training workers on this VM, one per GPU (default 1)"
+    )
     parser.add_argument("--checkpoint-root", type=Path, help="shared storage for checkpoints (default: cwd)")
     parser.add_argument(
         "--leave-margin",
@@ -373,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         args.metadata_url,
         args.train,
         args.checkpoint_root,
+        workers=args.workers,
         leave_margin_s=args.leave_margin,
     )
     try:

@@ -38,6 +38,7 @@ class TrainSpec:
     every_steps: int | None = None
     every_seconds: float | None = None
     keep: int = 3
+    workers: int = 1  # training workers on this node: torchrun's --nproc-per-node
     local_addr: str | None = None  # how the other nodes reach this one (rank 0 hosts the store)
     expected_nodes: int | None = None  # the cluster's target: the first rendezvous round waits for it
 
@@ -117,6 +118,8 @@ class Launcher:
             self.node,
             "--nnodes",
             self.spec.nnodes,
+            "--nproc-per-node",
+            str(self.spec.workers),
             "--run-id",
             self.cluster,
             "--standby-file",

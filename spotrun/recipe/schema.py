@@ -135,6 +135,7 @@ class ResourceCandidate(FrozenModel):
     zone: str | None = None
     instance_type: NonEmptyStr
     accelerators: Accelerator | None = None
+    workers: PositiveInt | None = None  # training workers per VM; default: one per accelerator
     spot: StrictBool = True
     max_price: PositiveFloat | None = None
     prices: Prices | None = None
@@ -144,6 +145,14 @@ class ResourceCandidate(FrozenModel):
     @classmethod
     def _provider(cls, value: Any) -> Any:
         return choice(value, PROVIDERS, "provider")
+
+    @property
+    def workers_per_vm(self) -> int:
+        """Training workers on each VM of this candidate: `workers` if set, else one per
+        accelerator (a worker drives one GPU), else 1 on a CPU VM."""
+        if self.workers is not None:
+            return self.workers
+        return self.accelerators.count if self.accelerators else 1
 
     @model_validator(mode="after")
     def _boot_s_local_only(self) -> ResourceCandidate:

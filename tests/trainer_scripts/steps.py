@@ -35,7 +35,7 @@ with contextlib.ExitStack() as files:
         ElasticTrainer(model, optimizer, total_steps=args.steps, global_batch=args.batch, dataset_len=args.samples)
     )
     for step, idx in t.batches():
-        loss = ((t.model(x[idx]) - y[idx]) ** 2).mean()
+        loss = ((t.model(x[idx].to(t.device)) - y[idx].to(t.device)) ** 2).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
