@@ -26,7 +26,7 @@ STEPS, DELAY = 400, 0.03
 FSDP_ARGS = "--parallel fsdp --final /run/spotrun/shared/final.pt"  # the VMs see the shared dir there
 
 
-def _undisturbed(tmp_path: Path) -> dict[str, torch.Tensor]:
+def _undisturbed(tmp_path: Path, steps: int) -> dict[str, torch.Tensor]:
     """The final model of the same job run by one process from start to end (same data order)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -42,7 +42,7 @@ def _undisturbed(tmp_path: Path) -> dict[str, torch.Tensor]:
         "OMP_NUM_THREADS": "1",
     }
     final = tmp_path / "reference.pt"
-    command = steps_run(STEPS, 0.0).split()[2:] + FSDP_ARGS.replace("/run/spotrun/shared/final.pt", str(final)).split()
+    command = steps_run(steps, 0.0).split()[2:] + FSDP_ARGS.replace("/run/spotrun/shared/final.pt", str(final)).split()
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "steps.py"), *command], env=env, capture_output=True, text=True, timeout=300
     )
@@ -59,10 +59,7 @@ def test_fsdp_job_reshards_through_a_preemption_and_a_join_and_ends_like_an_undi
 ) -> None:
     from spotrun.client.nodes import preempt
 
-    job = job_factory("e2e-fsdp", steps=STEPS, delay=DELAY)
-    job.recipe.write_text(
-        job.recipe.read_text().replace(steps_run(STEPS, DELAY), f"{steps_run(STEPS, DELAY)} {FSDP_ARGS}")
-    )
+    job = _fsdp_job(job_factory, "e2e-fsdp", STEPS)
     job.up(controller=False)  # no replacement: the survivors go on at world size 2
     job.wait(lambda: job.at_world(3) and job.steps()[-1][1] > 40, what="training at world 3")
     victim = next(n for n in _node_ids(job) if n != job.node_of_rank0())
@@ -80,9 +77,41 @@ def test_fsdp_job_reshards_through_a_preemption_and_a_join_and_ends_like_an_undi
     assert [s for _, s, _ in job.steps()] == list(range(1, STEPS + 1))
     assert "now 4)" in _train_text(job), "world 4 did not resume from a checkpoint"
 
+    _assert_like_undisturbed(job, tmp_path, STEPS)
+
+
+def test_fsdp_hard_kill_resumes_from_the_newest_checkpoint_and_ends_like_an_undisturbed_run(
+    job_factory, tmp_path: Path
+) -> None:
+    """A dead peer's shards are gone with it: the survivors leave without saving and the job
+    replays from the newest periodic checkpoint (every 25 steps), with the same data."""
+    from spotrun.client.nodes import preempt
+
+    steps = 200
+    job = _fsdp_job(job_factory, "e2e-fsdp-kill", steps)
+    job.up(controller=False)
+    job.wait(lambda: job.at_world(3) and job.steps()[-1][1] > 60, what="training at world 3")
+    preempt(job.name, next(n for n in _node_ids(job) if n != job.node_of_rank0()), 0.0)
+    job.wait(lambda: job.at_world(2), timeout=120, what="world size 2")
+    job.wait(lambda: job.finished(steps), timeout=120, what=f"step {steps}")
+    text = _train_text(job)
+    assert "FSDP shards of the lost peer are gone" in text
+    assert "(saved at world size 3, now 2)" in text
+    assert sorted({s for _, s, _ in job.steps()}) == list(range(1, steps + 1))
+    _assert_like_undisturbed(job, tmp_path, steps)
+
+
+def _fsdp_job(job_factory, name: str, steps: int) -> Job:
+    job = job_factory(name, steps=steps, delay=DELAY)
+    run = steps_run(steps, DELAY)
+    job.recipe.write_text(job.recipe.read_text().replace(run, f"{run} {FSDP_ARGS}"))
+    return job
+
+
+def _assert_like_undisturbed(job: Job, tmp_path: Path, steps: int) -> None:
     final = job.home / "local" / "shared" / job.name / "final.pt"
     job.wait(final.exists, timeout=30, what="the final model")
-    got, expected = torch.load(final, weights_only=True), _undisturbed(tmp_path)
+    got, expected = torch.load(final, weights_only=True), _undisturbed(tmp_path, steps)
     assert set(got) == set(expected)
     for name, value in expected.items():
         torch.testing.assert_close(

@@ -60,7 +60,7 @@ def _worker(rank: int, world: int, port: int, directory: str, parallel: str, mod
                 optimizer.step()
                 optimizer.zero_grad()
             model_state, optim_state = get_state_dict(model, optimizer)
-            staged = sharded.stage({"model": model_state, "optimizer": optim_state})
+            staged = sharded.stage({"model": model_state, "optimizer": optim_state}, sharded.stager())
             group = dist.new_group(backend="gloo")
             manifest = sharded.save(ckpt, STEP, world, staged, SAMPLES_SEEN, group)
             assert (manifest is not None) == (rank == 0)
@@ -132,3 +132,14 @@ def test_a_corrupt_shard_makes_the_checkpoint_invalid_and_the_previous_one_is_us
     assert torch.equal(loaded["w"], torch.arange(6.0))
     assert files.prune(tmp_path, keep=1) == [2], "a corrupt checkpoint does not count towards keep"
     assert files.steps(tmp_path) == [1]
+
+
+def test_staging_copies_to_host_and_reuses_its_buffers() -> None:
+    weight = torch.arange(4.0)
+    stager = sharded.stager()
+    first = sharded.stage({"w": weight}, stager)["w"]
+    assert torch.equal(first, weight) and first.data_ptr() != weight.data_ptr(), "staging must copy"
+    weight.add_(1)  # training goes on: the staged copy does not change
+    assert torch.equal(first, torch.arange(4.0))
+    second = sharded.stage({"w": weight}, stager)["w"]
+    assert torch.equal(second, weight) and second.data_ptr() == first.data_ptr(), "the host buffer is reused"

@@ -120,6 +120,7 @@ class ElasticTrainer:
         self.optimizer = wrapping.build_optimizer(optimizer, self.model, self._fsdp)
         # Background checkpoint writes coordinate on their own group, never interleaving with training's.
         self._checkpoint_group = dist.new_group(backend="gloo") if self._sharded else None
+        self._stager = sharded.stager() if self._sharded else None
         self.step = 0
         self.samples_seen = 0
         self._orders: dict[int, torch.Tensor] = {}
@@ -233,13 +234,17 @@ class ElasticTrainer:
         return {"model": model, "optimizer": optim}
 
     def _snapshot(self, staged: bool = False) -> dict[str, Any]:
-        """Everything needed to resume: with `staged`, a host copy safe to write from another thread
-        while training goes on; else (a save on this thread) the live sharded state, no copy."""
+        """Everything needed to resume. Sharded: with `staged`, a host copy safe to write from another
+        thread while training goes on, else (a save on this thread) the live state, no copy. For
+        object storage always a host copy (never a second copy on the device)."""
         progress = {"step": self.step, "samples_seen": self.samples_seen, "world_size": self.world_size}
         if self._sharded:
             state = self._state_dict()
-            return {"dcp": sharded.stage(state) if staged else state, **progress}
-        clone = lambda v: v.detach().clone() if torch.is_tensor(v) else v  # noqa: E731
+            if staged:
+                assert self._stager is not None
+                state = sharded.stage(state, self._stager)
+            return {"dcp": state, **progress}
+        clone = lambda v: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v  # noqa: E731 (host, not device)
         optim = self.optimizer.state_dict()
         return {
             "model": {k: clone(v) for k, v in self.raw_model.state_dict().items()},

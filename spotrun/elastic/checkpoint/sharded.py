@@ -30,14 +30,18 @@ from spotrun.elastic.checkpoint.files import ShardedManifest
 METADATA_FILE = ".metadata"
 
 
-def stage(state: dict[str, Any]) -> dict[str, Any]:
+def stager() -> DefaultStager:
+    """The stager of one training process, for every `stage`: it keeps its host buffers, so each save
+    copies into the same memory (one host copy of the state, not a new one per save). Pinned memory
+    when CUDA is there (a faster device-to-host copy). Not thread-safe: stage from one thread."""
+    return DefaultStager(StagingOptions(torch.cuda.is_available(), False, False, False))
+
+
+def stage(state: dict[str, Any], into: DefaultStager) -> dict[str, Any]:
     """A host-memory copy of `state` (tensors and DTensor shards), safe to write from another thread
-    while training goes on. Blocking; pinned memory when CUDA is there (a faster device-to-host copy)."""
-    stager = DefaultStager(StagingOptions(torch.cuda.is_available(), False, False, False))
-    try:
-        staged = stager.stage(state)
-    finally:
-        stager.close()
+    while training goes on. Blocking. The copy reuses `into`'s buffers: stage again only once the
+    previous copy is written."""
+    staged = into.stage(state)
     assert isinstance(staged, dict)  # synchronous staging returns the copy itself, not a future
     return staged
 
