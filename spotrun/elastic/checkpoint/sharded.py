@@ -2,11 +2,12 @@
 
 Every rank writes its own shard (`__<rank>_0.distcp`) in parallel into one hidden temp directory;
 DCP's coordinator (rank 0) writes `.metadata` once all shards are written. Each rank hashes the
-files it wrote, rank 0 gathers the hashes and publishes the directory atomically with a manifest
-(files.publish), so the guarantees are files.py's: a reader sees a whole checkpoint or none,
-the manifest proves it whole, `files.newest_valid` falls back past a corrupt one, `files.prune`
-keeps K valid ones. A checkpoint loads at any world size: DCP reshards each tensor (a DDP replica
-or an FSDP2 shard) to what the loading ranks hold.
+bytes of its files as it writes them (nothing is read back); rank 0 gathers the hashes and
+publishes the directory atomically with a manifest (files.publish), so the guarantees are
+files.py's: a reader sees a whole checkpoint or none, the manifest proves it whole,
+`files.newest_valid` falls back past a corrupt one, `files.prune` keeps K valid ones. A
+checkpoint loads at any world size: DCP reshards each tensor (a DDP replica or an FSDP2 shard) to
+what the loading ranks hold.
 
 Saving is split so the training loop only pays for a host copy: `stage` copies the state dict to
 host memory (on the calling thread, no second copy on the device), then `save` writes the staged
@@ -16,12 +17,17 @@ with the training loop's). `save_alone` is the emergency save of one survivor, w
 
 from __future__ import annotations
 
+import hashlib
+import os
+from collections.abc import Generator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from spotrun.elastic.checkpoint import files
@@ -62,10 +68,10 @@ def save(
     dist.broadcast_object_list(decision, src=dist.get_global_rank(group, 0), group=group)
     if decision[0] is None:
         return None
-    tmp = Path(decision[0])
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), process_group=group)
+    writer = _HashingWriter(Path(decision[0]))
+    dcp.save(state, storage_writer=writer, process_group=group)
     # dcp.save returned on every rank: every shard and .metadata are written and fsynced.
-    mine = _hash(tmp, f"__{rank}_", with_metadata=rank == 0)
+    mine = writer.fs.written
     gathered: list[dict[str, tuple[int, str]] | None] | None = (
         [None] * dist.get_world_size(group) if rank == 0 else None
     )
@@ -73,7 +79,7 @@ def save(
     if gathered is None:
         return None
     listing = {name: entry for part in gathered if part for name, entry in part.items()}
-    return files.publish(tmp, step, world_size, listing, samples_seen)
+    return files.publish(writer.directory, step, world_size, listing, samples_seen)
 
 
 def save_alone(directory: Path, step: int, world_size: int, state: dict[str, Any], samples_seen: int) -> files.Manifest:
@@ -83,9 +89,9 @@ def save_alone(directory: Path, step: int, world_size: int, state: dict[str, Any
     final = files.step_path(directory, step)
     if (existing := files.verify(final)) is not None:
         return existing
-    tmp = files.temp_dir(directory, step)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), no_dist=True)
-    return files.publish(tmp, step, world_size, _hash(tmp, "__", with_metadata=True), samples_seen)
+    writer = _HashingWriter(files.temp_dir(directory, step))
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    return files.publish(writer.directory, step, world_size, writer.fs.written, samples_seen)
 
 
 def load(manifest: files.Manifest, state: dict[str, Any]) -> None:
@@ -98,11 +104,50 @@ def load(manifest: files.Manifest, state: dict[str, Any]) -> None:
     dcp.load(state, checkpoint_id=manifest.path, no_dist=not dist.is_initialized())
 
 
-def _hash(directory: Path, prefix: str, *, with_metadata: bool) -> dict[str, tuple[int, str]]:
-    """name -> (bytes, sha256) of the files in `directory` starting with `prefix` (the shards one
-    writer wrote; page-cache reads right after the write, on the writer's own thread)."""
-    found = {}
-    for path in sorted(directory.iterdir()):
-        if path.name.startswith(prefix) or (with_metadata and path.name == METADATA_FILE):
-            found[path.name] = (path.stat().st_size, files.sha256(path))
-    return found
+class _HashingFile:
+    """A file being written whose bytes are hashed on their way to it (DCP only writes and tells)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw, self.digest, self.size = raw, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        self.size += memoryview(data).nbytes
+        return int(self._raw.write(data))
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno (fsync), close
+        return getattr(self._raw, name)
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system, recording name -> (bytes, sha256) of every file written through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: dict[str, tuple[int, str]] = {}
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[Any, None, None]:
+        with super().create_stream(path, mode) as raw:
+            if "w" not in mode:
+                yield raw
+                return
+            hashing = _HashingFile(raw)
+            yield hashing
+        self.written[Path(path).name] = (hashing.size, hashing.digest.hexdigest())
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)  # .metadata is written under a temp name first
+        if (entry := self.written.pop(Path(path).name, None)) is not None:
+            self.written[Path(new_path).name] = entry
+
+
+class _HashingWriter(dcp.FileSystemWriter):
+    """FileSystemWriter (one file per rank, fsynced) that hashes what it writes: see _HashingFileSystem."""
+
+    fs: _HashingFileSystem
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, single_file_per_rank=True, sync_files=True)
+        self.fs = _HashingFileSystem()
+        self.directory = path
