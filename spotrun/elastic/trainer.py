@@ -300,7 +300,8 @@ class ElasticTrainer:
         return now, due, busy
 
     def _emergency_exit(self, exc: BaseException) -> NoReturn:
-        """A peer died mid-collective: our replica holds the last completed step; save it and go."""
+        """A peer died mid-collective: a DDP replica holds the last completed step, save it and go (an
+        FSDP rank holds only its shard: go; the job resumes from the newest checkpoint)."""
         lost = "leaving" if self._fsdp else f"saving completed step {self.step} before leaving"
         _say(f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); {lost}")
         protocol.mark_peer_lost()
