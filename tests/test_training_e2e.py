@@ -215,7 +215,7 @@ def test_corrupt_newest_checkpoint_falls_back_and_says_so(job_factory) -> None:
     job.wait(lambda: (shared / "step-000000060").is_dir(), timeout=30, what="the final checkpoint")
     newest = sorted(shared.glob("step-*"))[-1]
     assert newest.name == "step-000000060"
-    (newest / "state.pt").write_bytes(b"torn write")
+    (newest / "__0_0.distcp").write_bytes(b"torn write")  # rank 0's shard of the sharded checkpoint
     down(job.name)  # keeps the shared directory (checkpoints) unless purged
     job.recipe.write_text(job.recipe.read_text().replace("--steps 60", "--steps 80"))
     job.up(controller=False)

@@ -15,11 +15,22 @@ What it does for the script:
 - resumes from the newest valid checkpoint (a corrupt newest one is skipped, with a warning);
 - re-shards data from the global sample offset, so a resize neither skips nor repeats a sample;
 - "checkpoint now": when the node agent asks (a notice, a join, a drain), all ranks agree on it
-  with one tiny all_reduce per step, rank 0 saves at that step boundary, and every worker exits
+  with one tiny all_reduce per step, all ranks save at that step boundary, and every worker exits
   with ExitCode.REFORM so torch elastic re-forms the group at the new size;
 - emergency save: when a collective fails because a peer died, survivors save the last completed
-  step (DDP replicas are identical) before exiting, so a hard kill loses no completed step;
-- periodic checkpoints written by a background thread; progress for `spotrun status` and the TUI.
+  step (DDP replicas are identical) before exiting, so a hard kill loses no completed step (under
+  FSDP the dead peer's shards are gone: the job resumes from the newest checkpoint instead);
+- periodic checkpoints: staged to host memory at the step boundary, written by a background thread;
+- progress for `spotrun status` and the TUI.
+
+DDP (the default) or FSDP2, chosen with `parallel=` (spotrun.elastic.wrapping); FSDP2 needs the
+optimizer built after sharding, so pass a factory and use `t.optimizer`:
+
+    t = ElasticTrainer(model, lambda params: torch.optim.AdamW(params, lr=3e-4), parallel="fsdp", ...)
+
+In a checkpoint directory the checkpoints are sharded (spotrun.elastic.checkpoint.sharded: every
+rank writes its own shard, loaded at any world size); on object storage rank 0 writes one full
+state (DDP only).
 
 Configuration comes from arguments or from the environment the node agent sets:
 SPOTRUN_CHECKPOINT_DIR, SPOTRUN_CHECKPOINT_EVERY_STEPS, SPOTRUN_CHECKPOINT_EVERY_SECONDS,
@@ -45,9 +56,10 @@ from typing import Any, NoReturn, TypeVar
 import torch
 import torch.distributed as dist
 
-from spotrun.elastic import devices
+from spotrun.elastic import devices, wrapping
 from spotrun.elastic.checkpoint import files as checkpoint
 from spotrun.elastic.checkpoint import remote as remote_checkpoint
+from spotrun.elastic.checkpoint import sharded
 from spotrun.node import protocol
 
 STORE_POLL_S = 0.01
@@ -72,7 +84,7 @@ class ElasticTrainer:
     def __init__(
         self,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | wrapping.OptimizerFactory,
         *,
         total_steps: int,
         global_batch: int,
@@ -82,6 +94,7 @@ class ElasticTrainer:
         every_seconds: float | None = None,
         keep: int | None = None,
         seed: int = 0,
+        parallel: wrapping.Parallel = "ddp",
     ) -> None:
         if global_batch < 1 or dataset_len < 1 or total_steps < 1:
             raise ValueError(
@@ -100,13 +113,24 @@ class ElasticTrainer:
         self.every_steps = every_steps or _env(protocol.CHECKPOINT_EVERY_STEPS_ENV, int, None)
         self.every_seconds = every_seconds or _env(protocol.CHECKPOINT_EVERY_SECONDS_ENV, float, None)
         self.keep = keep or _env(protocol.CHECKPOINT_KEEP_ENV, int, 3)
-        self.optimizer = optimizer
-        self.raw_model = model.to(self.device)  # in place: the optimizer's parameters move with it
-        self.model = (
-            torch.nn.parallel.DistributedDataParallel(model, device_ids=self._worker.ddp_device_ids)
-            if self.world_size > 1
-            else model
-        )
+        # A directory gets sharded (DCP) checkpoints; object storage still one full state by rank 0.
+        self._sharded = self._store is checkpoint
+        self._fsdp = wrapping.is_fsdp(parallel)
+        if self._fsdp and not self._sharded:
+            raise ValueError(f"FSDP checkpoints need a directory every node reaches, not {location}")
+        self.raw_model = model.to(self.device)  # in place: parameters an optimizer holds move with it
+        if self._fsdp:
+            self.model = wrapping.fully_shard_model(model, parallel)
+        else:
+            self.model = (
+                torch.nn.parallel.DistributedDataParallel(model, device_ids=self._worker.ddp_device_ids)
+                if self.world_size > 1
+                else model
+            )
+        self.optimizer = wrapping.build_optimizer(optimizer, self.model, self._fsdp)
+        # Background checkpoint writes coordinate on their own group, never interleaving with training's.
+        self._checkpoint_group = dist.new_group(backend="gloo") if self._sharded else None
+        self._stager = sharded.stager() if self._sharded else None
         self.step = 0
         self.samples_seen = 0
         self._orders: dict[int, torch.Tensor] = {}
@@ -117,7 +141,9 @@ class ElasticTrainer:
         self._progress = _ProgressFile(_env(protocol.PROGRESS_FILE_ENV, Path, None) if local_zero else None)
         self._writer = _AsyncWriter()
         self._last_save_at = time.monotonic()
-        self._flag = torch.zeros(1)  # on the CPU whatever the device: gloo carries the control collectives
+        # On the CPU whatever the device (gloo carries the control collectives): checkpoint now,
+        # periodic save due by time, a writer still busy.
+        self._flags = torch.zeros(3)
         self._resume()
 
     # -- public ---------------------------------------------------------------------------------
@@ -143,21 +169,22 @@ class ElasticTrainer:
         self.step += 1
         self.samples_seen += self.global_batch
         self._progress.report(self.step, self.world_size, self.global_batch, loss)
-        if self._agreed_checkpoint_now():
+        now, due_by_time, busy = self._agree()
+        if now:
             self._save_sync()
             self._control.served()
             dist.barrier()
             _say(f"checkpoint at step {self.step} agreed by all ranks; leaving for re-formation")
             self._exit(protocol.ExitCode.REFORM)
-        if self._periodic_due() and self.rank == 0:
-            self._writer.submit(self._snapshot(), self._write_and_prune)
+        due = due_by_time or (self.every_steps is not None and self.step % self.every_steps == 0)
+        if due and not busy:
+            if self._sharded or self.rank == 0:
+                self._writer.submit(self._snapshot(staged=True), self._write_and_prune)
             self._last_save_at = time.monotonic()
 
     def finish(self) -> None:
         """Final checkpoint, then leave the process group. Call once, after the last step."""
-        self._writer.wait()
-        if self.rank == 0:
-            self._write_and_prune(self._snapshot())
+        self._save_sync()
         if self.world_size > 1:
             dist.barrier()
         dist.destroy_process_group()
@@ -186,20 +213,50 @@ class ElasticTrainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _resume(self) -> None:
-        manifest = self._store.newest_valid(self.checkpoint_dir, warn=_say)
+        # Rank 0 picks (and verifies) the checkpoint, so every rank loads the same one.
+        found = [self._store.newest_valid(self.checkpoint_dir, warn=_say) if self.rank == 0 else None]
+        if self.world_size > 1:
+            dist.broadcast_object_list(found, src=0)
+        manifest = found[0]
         if manifest is None:
             return
-        state = self._store.load_state(manifest)
-        self.raw_model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step, self.samples_seen = state["step"], state["samples_seen"]
+        if self._sharded:
+            from torch.distributed.checkpoint.state_dict import set_state_dict
+
+            state = self._state_dict()
+            sharded.load(manifest, state)  # resharded to this world size
+            set_state_dict(
+                self.raw_model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            )
+            self.step, self.samples_seen = manifest.step, manifest.samples_seen
+        else:
+            state = self._store.load_state(manifest)
+            self.raw_model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step, self.samples_seen = state["step"], state["samples_seen"]
         self.resumed_from = self.step
         if self.rank == 0:
             _say(f"resumed from step {self.step} (saved at world size {manifest.world_size}, now {self.world_size})")
 
-    def _snapshot(self) -> dict[str, Any]:
-        """A copy of everything needed to resume, safe to write from another thread."""
-        clone = lambda v: v.detach().clone() if torch.is_tensor(v) else v  # noqa: E731
+    def _state_dict(self) -> dict[str, Any]:
+        """Model and optimizer state keyed by parameter name (DTensor shards under FSDP2), for DCP."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optim = get_state_dict(self.raw_model, self.optimizer)
+        return {"model": model, "optimizer": optim}
+
+    def _snapshot(self, staged: bool = False) -> dict[str, Any]:
+        """Everything needed to resume. Sharded: with `staged`, a host copy safe to write from another
+        thread while training goes on, else (a save on this thread) the live state, no copy. For
+        object storage always a host copy (never a second copy on the device)."""
+        progress = {"step": self.step, "samples_seen": self.samples_seen, "world_size": self.world_size}
+        if self._sharded:
+            state = self._state_dict()
+            if staged:
+                assert self._stager is not None
+                state = sharded.stage(state, self._stager)
+            return {"dcp": state, **progress}
+        clone = lambda v: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v  # noqa: E731 (host, not device)
         optim = self.optimizer.state_dict()
         return {
             "model": {k: clone(v) for k, v in self.raw_model.state_dict().items()},
@@ -207,51 +264,73 @@ class ElasticTrainer:
                 "state": {k: {n: clone(t) for n, t in s.items()} for k, s in optim["state"].items()},
                 "param_groups": optim["param_groups"],
             },
-            "step": self.step,
-            "samples_seen": self.samples_seen,
-            "world_size": self.world_size,
+            **progress,
         }
 
     def _write_and_prune(self, state: dict[str, Any]) -> None:
+        """Write `state` (a `_snapshot`): sharded, collective on every rank; else by rank 0 alone."""
         started = time.monotonic()
-        manifest = self._store.write(
-            self.checkpoint_dir,
-            state["step"],
-            state["world_size"],
-            lambda path: torch.save(state, path),
-            state["samples_seen"],
-        )
+        manifest: checkpoint.Manifest | None
+        if self._sharded:
+            assert self._checkpoint_group is not None
+            manifest = sharded.save(
+                Path(self.checkpoint_dir),
+                state["step"],
+                state["world_size"],
+                state["dcp"],
+                state["samples_seen"],
+                self._checkpoint_group,
+            )
+        else:
+            manifest = self._store.write(
+                self.checkpoint_dir,
+                state["step"],
+                state["world_size"],
+                lambda path: torch.save(state, path),
+                state["samples_seen"],
+            )
+        if manifest is None:  # written by rank 0, or there already
+            return
         took = time.monotonic() - started
         self._store.prune(self.checkpoint_dir, self.keep)
         self._progress.checkpointed(manifest, took)
 
     def _save_sync(self) -> None:
         self._writer.wait()
-        if self.rank == 0:
+        if self._sharded or self.rank == 0:
             self._write_and_prune(self._snapshot())
 
-    def _periodic_due(self) -> bool:
-        by_steps = self.every_steps is not None and self.step % self.every_steps == 0
+    def _agree(self) -> tuple[bool, bool, bool]:
+        """One tiny all_reduce per step, so every rank takes the same checkpoint decisions (a sharded
+        save is collective): (any agent asked for a checkpoint now, a periodic save is due by time
+        on any rank, any rank's previous background write still runs)."""
         by_time = self.every_seconds is not None and time.monotonic() - self._last_save_at >= self.every_seconds
-        return by_steps or by_time
-
-    def _agreed_checkpoint_now(self) -> bool:
-        """One tiny all_reduce per step: true on every rank when any rank's agent asked."""
-        self._flag.fill_(1.0 if self._control.requested() else 0.0)
+        self._flags.copy_(torch.tensor([self._control.requested(), by_time, self._writer.busy()], dtype=torch.float))
         if self.world_size > 1:
-            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
-        return bool(self._flag.item())
+            dist.all_reduce(self._flags, op=dist.ReduceOp.MAX)
+        now, due, busy = (bool(v) for v in self._flags.tolist())
+        return now, due, busy
 
     def _emergency_exit(self, exc: BaseException) -> NoReturn:
-        """A peer died mid-collective: our replica holds the last completed step; save it and go."""
-        _say(
-            f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); "
-            f"saving completed step {self.step} before leaving"
-        )
+        """A peer died mid-collective: a DDP replica holds the last completed step, save it and go (an
+        FSDP rank holds only its shard: go; the job resumes from the newest checkpoint)."""
+        lost = "leaving" if self._fsdp else f"saving completed step {self.step} before leaving"
+        _say(f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); {lost}")
         protocol.mark_peer_lost()
         try:
-            self._writer.wait()
-            if self.step > 0:
+            if self.step > 0 and self._fsdp:
+                _say("FSDP shards of the lost peer are gone: the job resumes from the newest checkpoint")
+            elif self.step > 0 and self._sharded:
+                # No collective: a background write, if any, fails on the dead peer by itself.
+                state = self._snapshot()
+                started = time.monotonic()
+                manifest = sharded.save_alone(
+                    Path(self.checkpoint_dir), self.step, self.world_size, state["dcp"], self.samples_seen
+                )
+                self._store.prune(self.checkpoint_dir, self.keep)
+                self._progress.checkpointed(manifest, time.monotonic() - started)
+            elif self.step > 0:
+                self._writer.wait()
                 self._write_and_prune(self._snapshot())
         finally:
             self._exit(protocol.ExitCode.REFORM)
@@ -338,8 +417,11 @@ class _AsyncWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
 
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def submit(self, state: dict[str, Any], write: Callable[[dict[str, Any]], None]) -> None:
-        if self._thread is not None and self._thread.is_alive():
+        if self.busy():
             return
         self._thread = threading.Thread(target=write, args=(state,), name="checkpoint-writer", daemon=True)
         self._thread.start()

@@ -1,9 +1,11 @@
 """Atomic, checksummed checkpoints in a directory every node can reach.
 
-Layout: `<dir>/step-000000120/{state.pt, manifest.json}`. A checkpoint is written into a hidden
-temp directory and renamed into place, so a reader sees a whole checkpoint or none. The manifest
-holds step, world size, bytes and sha256 of state.pt; a checkpoint whose manifest is missing or
-whose file does not match it is skipped (with a warning) in favour of the previous one.
+Layout: `<dir>/step-000000120/{state.pt, manifest.json}`, or for a sharded checkpoint (see
+sharded.py) `<dir>/step-000000120/{.metadata, __0_0.distcp, __1_0.distcp, ..., manifest.json}`.
+A checkpoint is written into a hidden temp directory and renamed into place, so a reader sees a
+whole checkpoint or none. The manifest holds step, world size, bytes and sha256 of state.pt, or
+of each file a sharded checkpoint consists of; a checkpoint whose manifest is missing or whose
+files do not match it is skipped (with a warning) in favour of the previous one.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +40,21 @@ class Manifest:
     samples_seen: int = 0
 
 
+@dataclass(frozen=True)
+class ShardedManifest(Manifest):
+    """A checkpoint of several files (one or more per rank): name -> (bytes, sha256) of each, as
+    computed by the rank that wrote it. `bytes` is their total, `sha256` the digest of this list."""
+
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
 def _name(step: int) -> str:
     return f"{_PREFIX}{step:09d}"
+
+
+def step_path(directory: Path, step: int) -> Path:
+    """Where checkpoint `step` lives in `directory` (whole or not)."""
+    return directory / _name(step)
 
 
 def sha256(path: Path) -> str:
@@ -69,8 +84,7 @@ def write(directory: Path, step: int, world_size: int, save: Callable[[Path], No
     final = directory / _name(step)
     if (existing := verify(final)) is not None:
         return existing
-    tmp = directory / f".tmp-{_name(step)}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = temp_dir(directory, step)
     try:
         state = tmp / STATE_FILE
         save(state)
@@ -79,31 +93,101 @@ def write(directory: Path, step: int, world_size: int, save: Callable[[Path], No
         manifest = Manifest(
             step, world_size, state.stat().st_size, sha256(state), time.time(), str(final), samples_seen
         )
-        (tmp / MANIFEST_FILE).write_text(json.dumps(asdict(manifest), indent=2))
-        _fsync_dir(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            # Another survivor renamed the same step first: theirs is as good as ours.
-            if verify(final) is None:
-                raise
-        _fsync_dir(directory)
-        return manifest
+        return _publish(tmp, manifest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def temp_dir(directory: Path, step: int) -> Path:
+    """A new hidden directory to write checkpoint `step` into (prune removes it if left behind)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".tmp-{_name(step)}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def publish(
+    tmp: Path, step: int, world_size: int, files: dict[str, tuple[int, str]], samples_seen: int = 0
+) -> Manifest:
+    """Publish the sharded checkpoint written into `tmp` (a `temp_dir`) as step `step`: writes the
+    manifest of `files` (name -> bytes, sha256, computed by their writers; nothing is re-hashed
+    here) and renames the directory into place. Call once every file is written (fsynced).
+    Idempotent: a valid checkpoint of the same step another writer published first is kept."""
+    listing = sorted(files.items())
+    digest = hashlib.sha256("".join(f"{name} {size} {sha}\n" for name, (size, sha) in listing).encode())
+    final = tmp.parent / _name(step)
+    manifest = ShardedManifest(
+        step,
+        world_size,
+        sum(size for _, (size, _) in listing),
+        digest.hexdigest(),
+        time.time(),
+        str(final),
+        samples_seen,
+        dict(listing),
+    )
+    try:
+        return _publish(tmp, manifest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish(tmp: Path, manifest: Manifest) -> Manifest:
+    final = Path(manifest.path)
+    (tmp / MANIFEST_FILE).write_text(json.dumps(asdict(manifest), indent=2))
+    _fsync_dir(tmp)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        # Another survivor renamed the same step first: theirs is as good as ours.
+        if (theirs := verify(final)) is None:
+            raise
+        return theirs
+    _fsync_dir(final.parent)
+    return manifest
+
+
 def verify(path: Path) -> Manifest | None:
-    """The manifest of a whole, uncorrupted checkpoint dir, else None. Reads and hashes the file."""
+    """The manifest of a whole, uncorrupted checkpoint dir, else None. Reads and hashes its files."""
+    manifest = _read(path)
+    if manifest is None:
+        return None
+    for name, (size, digest) in _listing(manifest).items():
+        try:
+            if (path / name).stat().st_size != size or sha256(path / name) != digest:
+                return None
+        except OSError:
+            return None
+    return manifest
+
+
+def _read(path: Path) -> Manifest | None:
+    """The manifest of checkpoint dir `path` if it parses, else None (nothing else is checked)."""
     try:
         data = json.loads((path / MANIFEST_FILE).read_text())
-        manifest = Manifest(**{**data, "path": str(path)})
-        state = path / STATE_FILE
-        if state.stat().st_size != manifest.bytes or sha256(state) != manifest.sha256:
-            return None
-        return manifest
-    except (OSError, ValueError, TypeError):
+        if "files" in data:
+            files = {str(name): (int(size), str(digest)) for name, (size, digest) in data["files"].items()}
+            return ShardedManifest(**{**data, "path": str(path), "files": files})
+        return Manifest(**{**data, "path": str(path)})
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
+
+
+def _listing(manifest: Manifest) -> dict[str, tuple[int, str]]:
+    if isinstance(manifest, ShardedManifest):
+        return manifest.files
+    return {STATE_FILE: (manifest.bytes, manifest.sha256)}
+
+
+def _looks_whole(path: Path) -> bool:
+    """A cheap validity check for pruning: the manifest parses and every file has its size (no hashing)."""
+    manifest = _read(path)
+    if manifest is None:
+        return False
+    try:
+        return all((path / name).stat().st_size == size for name, (size, _) in _listing(manifest).items())
+    except OSError:
+        return False
 
 
 def steps(directory: Path) -> list[int]:
@@ -132,9 +216,13 @@ def newest_valid(directory: Path, warn: Callable[[str], None] | None = None) -> 
 
 
 def prune(directory: Path, keep: int) -> list[int]:
-    """Delete all but the newest `keep` valid-looking checkpoints; returns the steps removed."""
-    removed = []
-    for step in steps(directory)[keep:]:
+    """Keep the newest `keep` valid-looking checkpoints (a broken one does not count) and delete
+    every other one; returns the steps removed."""
+    removed, kept = [], 0
+    for step in steps(directory):
+        if kept < keep and _looks_whole(directory / _name(step)):
+            kept += 1
+            continue
         shutil.rmtree(directory / _name(step), ignore_errors=True)
         removed.append(step)
     for stale in directory.glob(".tmp-*"):
