@@ -92,10 +92,13 @@ def _read(path: str) -> bytes:
 
 def _grpc_options(host: str) -> list[tuple[str, int]]:
     opts = [
-        # Come back within ~1 s after an etcd restart instead of gRPC's default 120 s backoff cap.
+        # Come back within a fraction of a second after an etcd restart (gRPC's default backoff cap
+        # is 120 s): the rendezvous' 1 s leases must be refreshed before they run out, and etcd only
+        # extends them by their TTL when it is back. A 1 s cap lost them now and then (a restart of
+        # etcd then broke the training round, and steps since the last checkpoint were recomputed).
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 1000),
+        ("grpc.max_reconnect_backoff_ms", 250),
         # Notice a silently dead peer on long-lived watch streams (etcd allows >= 5 s).
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", 5_000),
