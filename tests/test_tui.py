@@ -220,6 +220,20 @@ async def test_filter_with_slash(etcd_server, store, cluster):
         assert app.focused is app.query_one(WorkersTable)
 
 
+
+@sync
+async def test_the_dashboard_keeps_updating_under_a_modal_screen(etcd_server, store, cluster):
+    populate(store, cluster, time.time())
+    app = app_for(etcd_server.endpoint, cluster)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: len(ids(app)) == 4, what="rows")
+        await pilot.press("question_mark")
+        assert app.screen is not app.screen_stack[0], "the help screen is on top"
+        seen = app.snapshots
+        store.set_target(cluster, 6)  # a change in etcd: the feed posts a new snapshot
+        await wait_for(pilot, lambda: app.snapshots > seen, what="a snapshot drawn under the help screen")
+        assert app.snapshot is not None and app.snapshot.target == 6
+
 # --- actions write the right keys -------------------------------------------------------------
 
 

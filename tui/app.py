@@ -21,8 +21,10 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.reactive import reactive
+from textual.screen import Screen
 from textual.widgets import Footer, Input, Log, Sparkline, Static
 from textual.worker import get_current_worker
 
@@ -144,24 +146,35 @@ class SpotrunApp(App[None]):
             return
         self.snapshot = snap
         self.disconnected = not snap.connected
-        if self.disconnected:
-            self.query_one("#banner", Static).update(
-                f"disconnected, retrying: {snap.error or 'etcd is unreachable'} (showing the last known state)"
-            )
-        self.query_one("#title", Panel).show(title_text(snap, snap.cluster))
-        self.query_one("#training-text", Panel).show(training_text(snap))
-        spark = self.query_one("#spark", Sparkline)
-        if list(snap.history) != list(spark.data or []):
-            spark.data = list(snap.history)
-        self.query_one("#costs", Panel).show(costs_text(snap))
-        self.query_one("#checkpoint", Panel).show(checkpoint_text(snap))
-        self.query_one("#checkpoint").set_class(snap.checkpoints.stale, "-stale")
-        self.query_one(WorkersTable).update_rows(snap.rows)
-        self._append_events(snap)
+        try:
+            self._show(snap)
+        except NoMatches:  # a snapshot that arrives while the app closes: there is no dashboard to draw on
+            return
         self.snapshots += 1
 
-    def _append_events(self, snap: Snapshot) -> None:
-        log = self.query_one("#events", Log)
+    def _main(self) -> Screen[object]:
+        """The dashboard's screen, under any modal screen (help, confirm, scale, log) pushed on it.
+        Raises NoMatches while the app is closing and no screen is left."""
+        if not self.screen_stack:
+            raise NoMatches("no screen")
+        return self.screen_stack[0]
+
+    def _show(self, snap: Snapshot) -> None:
+        main = self._main()
+        if self.disconnected:
+            main.query_one("#banner", Static).update(
+                f"disconnected, retrying: {snap.error or 'etcd is unreachable'} (showing the last known state)"
+            )
+        main.query_one("#title", Panel).show(title_text(snap, snap.cluster))
+        main.query_one("#training-text", Panel).show(training_text(snap))
+        spark = main.query_one("#spark", Sparkline)
+        if list(snap.history) != list(spark.data or []):
+            spark.data = list(snap.history)
+        main.query_one("#costs", Panel).show(costs_text(snap))
+        main.query_one("#checkpoint", Panel).show(checkpoint_text(snap))
+        main.query_one("#checkpoint").set_class(snap.checkpoints.stale, "-stale")
+        main.query_one(WorkersTable).update_rows(snap.rows)
+        log = main.query_one("#events", Log)
         for event in snap.events:
             if event.seq > self._last_event:
                 stamp = time.strftime("%H:%M:%S", time.localtime(event.at))
@@ -169,7 +182,10 @@ class SpotrunApp(App[None]):
                 self._last_event = event.seq
 
     def watch_disconnected(self, disconnected: bool) -> None:
-        self.query_one("#banner", Static).set_class(disconnected, "-visible")
+        try:
+            self._main().query_one("#banner", Static).set_class(disconnected, "-visible")
+        except NoMatches:  # not mounted yet, or already gone
+            return
 
     # --- filter ----------------------------------------------------------------------------
 
