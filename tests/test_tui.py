@@ -220,7 +220,6 @@ async def test_filter_with_slash(etcd_server, store, cluster):
         assert app.focused is app.query_one(WorkersTable)
 
 
-
 @sync
 async def test_the_dashboard_keeps_updating_under_a_modal_screen(etcd_server, store, cluster):
     populate(store, cluster, time.time())
@@ -233,6 +232,7 @@ async def test_the_dashboard_keeps_updating_under_a_modal_screen(etcd_server, st
         store.set_target(cluster, 6)  # a change in etcd: the feed posts a new snapshot
         await wait_for(pilot, lambda: app.snapshots > seen, what="a snapshot drawn under the help screen")
         assert app.snapshot is not None and app.snapshot.target == 6
+
 
 # --- actions write the right keys -------------------------------------------------------------
 
