@@ -77,6 +77,9 @@ def _worker(rank: int, world: int, port: int, directory: str, parallel: str, mod
             full = _full(model, optimizer)
             if rank == 0:
                 torch.save(full, ckpt / f"loaded-{world}.pt")
+        # Every rank done with its collectives before any tears the group down (as the trainer's
+        # finish() does): a peer closing its gloo pairs under a pending op aborts the process.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
