@@ -29,7 +29,10 @@ def _free_port() -> int:
 class Group:
     """`world` ranks of the test job as plain processes (what torchrun would start)."""
 
-    def __init__(self, tmp: Path, world: int, steps: int, tag: str) -> None:
+    def __init__(
+        self, tmp: Path, world: int, steps: int, tag: str, memory: list[Path] | None = None, extra: tuple[str, ...] = ()
+    ) -> None:
+        """`memory[rank]`: that rank's node memory directory (host snapshots), as the agent sets it."""
         self.tmp, self.world, self.tag = tmp, world, tag
         port = _free_port()
         self.logs = [tmp / f"{tag}-rank{r}.log" for r in range(world)]
@@ -49,6 +52,8 @@ class Group:
                 "SPOTRUN_COLLECTIVE_TIMEOUT_S": "30",
                 "OMP_NUM_THREADS": "1",
             }
+            if memory is not None:
+                env["SPOTRUN_MEMORY_DIR"] = str(memory[rank])
             with open(self.logs[rank], "w") as out:
                 self.procs.append(
                     subprocess.Popen(
@@ -61,6 +66,7 @@ class Group:
                             str(BATCH),
                             "--samples",
                             str(SAMPLES),
+                            *extra,
                         ],
                         env=env,
                         stdout=out,

@@ -56,13 +56,14 @@ from typing import Any, NoReturn, TypeVar
 import torch
 import torch.distributed as dist
 
-from spotrun.elastic import devices, wrapping
+from spotrun.elastic import devices, handoff, wrapping
 from spotrun.elastic.checkpoint import files as checkpoint
+from spotrun.elastic.checkpoint import memory, sharded
 from spotrun.elastic.checkpoint import remote as remote_checkpoint
-from spotrun.elastic.checkpoint import sharded
 from spotrun.node import protocol
 
 STORE_POLL_S = 0.01
+SNAPSHOT_WAIT_S = 30.0  # how long a node's other workers wait for local rank 0's host snapshot
 
 _T = TypeVar("_T")
 _D = TypeVar("_D")
@@ -119,15 +120,12 @@ class ElasticTrainer:
         if self._fsdp and not self._sharded:
             raise ValueError(f"FSDP checkpoints need a directory every node reaches, not {location}")
         self.raw_model = model.to(self.device)  # in place: parameters an optimizer holds move with it
-        if self._fsdp:
-            self.model = wrapping.fully_shard_model(model, parallel)
-        else:
-            self.model = (
-                torch.nn.parallel.DistributedDataParallel(model, device_ids=self._worker.ddp_device_ids)
-                if self.world_size > 1
-                else model
-            )
+        self.model = wrapping.fully_shard_model(model, parallel) if self._fsdp else model
         self.optimizer = wrapping.build_optimizer(optimizer, self.model, self._fsdp)
+        # DDP replicas survive a re-formation in host memory (an FSDP rank holds a shard only: its
+        # state goes through the sharded checkpoint).
+        self._memory = None if self._fsdp else memory.directory()
+        self._durable_due = False  # resumed from memory past the newest durable checkpoint
         # Background checkpoint writes coordinate on their own group, never interleaving with training's.
         self._checkpoint_group = dist.new_group(backend="gloo") if self._sharded else None
         self._stager = sharded.stager() if self._sharded else None
@@ -145,6 +143,12 @@ class ElasticTrainer:
         # periodic save due by time, a writer still busy.
         self._flags = torch.zeros(3)
         self._resume()
+        if not self._fsdp and self.world_size > 1:
+            # After a resume every rank holds the same state: DDP's start-up broadcast of rank 0's
+            # parameters is needed only at a fresh start (each rank's own random init).
+            self.model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=self._worker.ddp_device_ids, init_sync=self.resumed_from is None
+            )
 
     # -- public ---------------------------------------------------------------------------------
     def __enter__(self) -> ElasticTrainer:
@@ -171,13 +175,17 @@ class ElasticTrainer:
         self._progress.report(self.step, self.world_size, self.global_batch, loss)
         now, due_by_time, busy = self._agree()
         if now:
-            self._save_sync()
+            if self._memory is not None:
+                self._save_to_memory()  # the durable copy follows in the background after the re-formation
+            else:
+                self._save_sync()
             self._control.served()
             dist.barrier()
             _say(f"checkpoint at step {self.step} agreed by all ranks; leaving for re-formation")
             self._exit(protocol.ExitCode.REFORM)
-        due = due_by_time or (self.every_steps is not None and self.step % self.every_steps == 0)
+        due = due_by_time or self._durable_due or (self.every_steps is not None and self.step % self.every_steps == 0)
         if due and not busy:
+            self._durable_due = False
             if self._sharded or self.rank == 0:
                 self._writer.submit(self._snapshot(staged=True), self._write_and_prune)
             self._last_save_at = time.monotonic()
@@ -213,6 +221,8 @@ class ElasticTrainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _resume(self) -> None:
+        if self._resume_from_memory():
+            return
         # Rank 0 picks (and verifies) the checkpoint, so every rank loads the same one.
         found = [self._store.newest_valid(self.checkpoint_dir, warn=_say) if self.rank == 0 else None]
         if self.world_size > 1:
@@ -237,6 +247,65 @@ class ElasticTrainer:
         self.resumed_from = self.step
         if self.rank == 0:
             _say(f"resumed from step {self.step} (saved at world size {manifest.world_size}, now {self.world_size})")
+
+    def _resume_from_memory(self) -> bool:
+        """Survivors load the newest step from their node's host memory, joiners receive it from a
+        survivor (spotrun.elastic.handoff): no storage read, no hash. False (collectively) when no
+        rank holds a snapshot at least as new as the newest durable checkpoint."""
+        if self._memory is None:
+            return False
+        held = memory.newest(self._memory)
+        durable = max(self._store.steps(self.checkpoint_dir), default=-1) if self.rank == 0 else -1
+        plan = handoff.agree(held.step if held else -1, durable, self.world_size)
+        if plan.step < 0 or plan.durable > plan.step:
+            return False
+        if self.rank in plan.sources:
+            assert held is not None
+            self._load_replica(memory.load(held), copy=True)
+        for dst, src in sorted(plan.receives.items()):
+            if src == self.rank:
+                handoff.send(self._replica(), dst)
+        if self.rank in plan.receives:
+            self._load_replica(handoff.receive(plan.receives[self.rank], self.device), copy=False)
+        self.resumed_from = self.step
+        self._durable_due = plan.step > plan.durable
+        if self.rank == 0:
+            _say(
+                f"resumed from step {self.step} in host memory ({len(plan.sources)} rank(s) held it, "
+                f"{len(plan.receives)} received it from them; newest durable checkpoint: step {plan.durable})"
+            )
+        return True
+
+    def _replica(self) -> dict[str, Any]:
+        """This rank's whole live state (a DDP replica), no copy: for a host snapshot or a handoff."""
+        return {
+            "model": self.raw_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "samples_seen": self.samples_seen,
+        }
+
+    def _load_replica(self, state: dict[str, Any], copy: bool) -> None:
+        """Load a `_replica`. `copy`: its tensors are mapped from a snapshot file; the optimizer gets
+        its own memory (it keeps the tensors it is given, and the file goes with the next snapshot)."""
+        self.raw_model.load_state_dict(state["model"])
+        optim = state["optimizer"]
+        if copy:
+            own = lambda v: _owned(v, self.device)  # noqa: E731
+            optim = {**optim, "state": {k: {n: own(t) for n, t in s.items()} for k, s in optim["state"].items()}}
+        self.optimizer.load_state_dict(optim)
+        self.step, self.samples_seen = int(state["step"]), int(state["samples_seen"])
+
+    def _save_to_memory(self) -> None:
+        """Leave this node's replica in host memory for the next workers: local rank 0 writes it, the
+        node's other workers wait until it is whole (their exit would end it). Blocking."""
+        assert self._memory is not None
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            started = time.monotonic()
+            memory.save(self._memory, self.step, self._replica())
+            _say(f"step {self.step} left in host memory in {time.monotonic() - started:.2f} s")
+        elif not memory.wait_for(self._memory, self.step, SNAPSHOT_WAIT_S):
+            _say(f"local rank 0 left no snapshot of step {self.step} within {SNAPSHOT_WAIT_S:.0f} s")
 
     def _state_dict(self) -> dict[str, Any]:
         """Model and optimizer state keyed by parameter name (DTensor shards under FSDP2), for DCP."""
@@ -318,7 +387,9 @@ class ElasticTrainer:
         _say(f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); {lost}")
         protocol.mark_peer_lost()
         try:
-            if self.step > 0 and self._fsdp:
+            if self.step > 0 and self._memory is not None:
+                self._save_to_memory()  # survivors go on from it; durable in the background afterwards
+            elif self.step > 0 and self._fsdp:
                 _say("FSDP shards of the lost peer are gone: the job resumes from the newest checkpoint")
             elif self.step > 0 and self._sharded:
                 # No collective: a background write, if any, fails on the dead peer by itself.
@@ -363,6 +434,14 @@ def _wait_for_store(host: str, port: int, timeout: float) -> None:
             return
         except OSError:
             time.sleep(STORE_POLL_S)
+
+
+def _owned(value: Any, device: torch.device) -> Any:
+    """A tensor of its own (not mapped from a snapshot file): on `device`, where load_state_dict
+    would move it anyway; a 0-dim one (a step count) stays where it is, as the optimizer keeps it."""
+    if not torch.is_tensor(value):
+        return value
+    return value.clone() if value.dim() == 0 else value.to(device, copy=True)
 
 
 def _is_peer_failure(exc: BaseException) -> bool:

@@ -16,6 +16,9 @@ reach the workers in environment variables:
 - peer-lost file ($SPOTRUN_PEER_LOST_FILE): a worker whose peer died touches it
   (`mark_peer_lost`); the launcher's rendezvous handler reports the loss as it re-joins.
 - standby file (the launcher's `--standby-file`): a warm spare waits outside the job while it exists.
+- memory directory ($SPOTRUN_MEMORY_DIR, `NodeFiles.memory`): host memory (tmpfs) where local rank 0
+  leaves the node's state for the next workers (spotrun.elastic.checkpoint.memory); the agent
+  removes it when the node stops training.
 
 Every write replaces its file in one rename, so a reader never sees half of one. Stdlib only: the
 agent and every forked training worker import this module.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import hashlib
 import json
 import os
 import threading
@@ -45,6 +49,8 @@ CLUSTER_ENV = "SPOTRUN_CLUSTER"  # set by the agent and again by the launcher
 NODE_ID_ENV = "SPOTRUN_NODE_ID"  # this node's id, as the agent (and a local VM's environment) sets it
 # Set by the launcher for its workers.
 NODE_ENV = "SPOTRUN_NODE"  # the same node id, under the name the launcher documents
+MEMORY_DIR_ENV = "SPOTRUN_MEMORY_DIR"  # host memory (tmpfs) where a node's workers leave their state
+LIVE_RECOVERY_ENV = "SPOTRUN_LIVE_RECOVERY"  # "0" in a recipe's env: recover through storage only
 COLLECTIVE_TIMEOUT_ENV = "SPOTRUN_COLLECTIVE_TIMEOUT_S"  # the trainer's init_process_group timeout
 
 
@@ -77,6 +83,16 @@ class NodeFiles:
     @property
     def standby(self) -> Path:
         return self.state_dir / "standby"
+
+    @property
+    def memory(self) -> Path:
+        """In host memory where the VM has a tmpfs (/dev/shm): a snapshot there costs one copy, not a
+        disk write. One directory per state directory (local VMs share a host), private to the user."""
+        shm = Path("/dev/shm")
+        if not shm.is_dir():
+            return self.state_dir / "memory"
+        tag = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:16]
+        return shm / f"spotrun-{os.getuid()}-{tag}"
 
 
 def served_path(control_file: Path) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,6 +60,8 @@ class Launcher:
     ) -> None:
         self.cluster, self.node, self.endpoints, self.spec = cluster, node, endpoints, spec
         self.files = protocol.NodeFiles(state_dir)
+        # A snapshot left by an earlier agent may be of another job: never offer it to this one.
+        shutil.rmtree(self.files.memory, ignore_errors=True)
         # A warm spare's launcher waits outside the job while this file exists (see activate()).
         if standby:
             self.files.standby.touch()
@@ -145,6 +148,7 @@ class Launcher:
             protocol.PEER_LOST_FILE_ENV: str(self.files.peer_lost),
             protocol.NODE_ID_ENV: self.node,
             protocol.CHECKPOINT_KEEP_ENV: str(self.spec.keep),
+            protocol.MEMORY_DIR_ENV: str(self.files.memory),
         }
         optional = {
             protocol.CHECKPOINT_DIR_ENV: self.spec.checkpoint_dir,
@@ -155,6 +159,12 @@ class Launcher:
         return env
 
     def _loop(self) -> None:
+        try:
+            self._supervise()
+        finally:  # the node trains no more: give its host memory back
+            shutil.rmtree(self.files.memory, ignore_errors=True)
+
+    def _supervise(self) -> None:
         attempt = 0
         while not self._stopped.is_set():
             started = time.monotonic()

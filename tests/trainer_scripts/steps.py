@@ -20,6 +20,7 @@ parser.add_argument("--samples", type=int, default=50)
 parser.add_argument("--delay", type=float, default=0.05, help="seconds per step, so tests can act mid-run")
 parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp")
 parser.add_argument("--final", help="rank 0 writes the whole final model state here (torch.save)")
+parser.add_argument("--momentum", type=float, default=0.0, help="DDP: SGD momentum (optimizer state to carry over)")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -28,7 +29,7 @@ if args.parallel == "fsdp":  # two layers, so FSDP2 shards more than the root
     optimizer = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9)  # noqa: E731 (built after sharding)
 else:
     model = nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=args.momentum)
 x = torch.randn(args.samples, 4, generator=torch.Generator().manual_seed(1))
 y = x.sum(1, keepdim=True)
 with contextlib.ExitStack() as files:

@@ -1,0 +1,124 @@
+"""Live recovery with real gloo groups: survivors resume from host memory, joiners get the state from
+a survivor, nothing is read from or written to durable storage on the way (spotrun.elastic.handoff,
+spotrun.elastic.checkpoint.memory)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_trainer import Group
+
+from spotrun.elastic import handoff
+from spotrun.elastic.checkpoint import files as checkpoint
+from spotrun.elastic.checkpoint import memory
+from spotrun.node.protocol import ControlCommand, ControlWriter, ExitCode
+
+MOMENTUM = ("--momentum", "0.9")
+
+
+def test_plan_takes_the_newest_step_and_shares_out_the_senders() -> None:
+    out = handoff.plan([7, -1, 7, 5, -1], durable=3)
+    assert out.step == 7 and out.sources == (0, 2) and out.durable == 3
+    assert out.receives == {1: 0, 3: 2, 4: 0}, "each rank without step 7 gets it from a holder, round robin"
+    assert handoff.plan([-1, -1]).step == -1 and handoff.plan([-1, -1]).receives == {}
+    assert handoff.plan([4]).receives == {}
+
+
+def test_split_and_join_carry_nested_state() -> None:
+    state = {"model": {"w": torch.arange(6.0).view(2, 3)}, "optimizer": {"param_groups": [{"lr": 0.1}]}, "step": 3}
+    skeleton, tensors = handoff._split(state)
+    assert len(tensors) == 1 and skeleton["step"] == 3 and skeleton["optimizer"] == state["optimizer"]
+    joined = handoff._join(skeleton, iter([t.clone() for t in tensors]))
+    assert torch.equal(joined["model"]["w"], state["model"]["w"]) and joined["step"] == 3
+
+
+def test_snapshot_replaces_the_older_one_and_loads_mapped(tmp_path: Path) -> None:
+    folder = tmp_path / "mem"
+    assert memory.newest(folder) is None and memory.newest(None) is None
+    memory.save(folder, 5, {"w": torch.ones(3), "step": 5})
+    memory.save(folder, 9, {"w": torch.full((3,), 2.0), "step": 9})
+    found = memory.newest(folder)
+    assert found is not None and found.step == 9
+    assert [p.name for p in folder.iterdir()] == [found.path.name], "the older snapshot was not removed"
+    assert torch.equal(memory.load(found)["w"], torch.full((3,), 2.0))
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_torn_snapshot_is_never_offered(tmp_path: Path) -> None:
+    folder = tmp_path / "mem"
+    memory.save(folder, 5, {"step": 5})
+    (folder / ".tmp-123-step-000000009.pt").write_bytes(b"half")  # a writer killed mid-write
+    found = memory.newest(folder)
+    assert found is not None and found.step == 5
+
+
+def test_wait_for_returns_once_local_rank_zero_wrote_the_step(tmp_path: Path) -> None:
+    folder = tmp_path / "mem"
+    assert memory.wait_for(folder, 3, timeout=0.05) is False
+    writer = threading.Timer(0.1, lambda: memory.save(folder, 3, {"step": 3}))
+    writer.start()
+    started = time.monotonic()
+    assert memory.wait_for(folder, 3, timeout=10)
+    assert time.monotonic() - started < 5
+    writer.join()
+
+
+def _final(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.slow
+def test_agreed_checkpoint_goes_through_host_memory_and_a_joiner_receives_it(tmp_path: Path) -> None:
+    mem = [tmp_path / f"mem-{n}" for n in ("a", "b", "c", "joiner")]
+    first = Group(tmp_path, 3, 40, "first", memory=mem[:3], extra=MOMENTUM)
+    first.wait_for_step(10)
+    ControlWriter(first.controls[2]).request(ControlCommand.LEAVE, "node-2")
+    assert first.wait() == [ExitCode.REFORM] * 3
+    done = first.steps(0)[-1]
+    assert all(memory.newest(m) is not None and memory.newest(m).step == done for m in mem[:3])
+    durable = checkpoint.newest_valid(tmp_path / "ckpt")
+    assert durable is None or durable.step < done, "the agreed step went to storage on the critical path"
+
+    # Node c left; a new node (no snapshot) joins: ranks 0 and 1 hold the step, rank 2 receives it.
+    second = Group(
+        tmp_path, 3, 40, "second", memory=[mem[0], mem[1], mem[3]], extra=(*MOMENTUM, "--final", str(tmp_path / "f.pt"))
+    )
+    assert second.wait() == [0, 0, 0]
+    assert second.steps(0)[0] == second.steps(2)[0] == done + 1
+    assert first.steps(0) + second.steps(0) == list(range(1, 41)), "a step ran twice or was skipped"
+    assert "in host memory (2 rank(s) held it, 1 received it" in second.logs[0].read_text()
+    assert checkpoint.newest_valid(tmp_path / "ckpt").step == 40
+
+    # The same job undisturbed: the same parameters (momentum included), within float tolerance.
+    (tmp_path / "calm").mkdir()
+    calm = Group(tmp_path / "calm", 3, 40, "calm", extra=(*MOMENTUM, "--final", str(tmp_path / "calm.pt")))
+    assert calm.wait() == [0, 0, 0]
+    got, want = _final(tmp_path / "f.pt"), _final(tmp_path / "calm.pt")
+    assert got.keys() == want.keys()
+    assert all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)
+
+
+@pytest.mark.slow
+def test_after_a_hard_kill_the_survivor_resumes_from_memory_whatever_rank_it_held(tmp_path: Path) -> None:
+    mem = [tmp_path / "mem-a", tmp_path / "mem-b", tmp_path / "mem-new"]
+    group = Group(tmp_path, 2, 400, "kill", memory=mem[:2], extra=MOMENTUM)
+    group.wait_for_step(8)
+    os.killpg(group.procs[0].pid, signal.SIGKILL)  # global rank 0 dies
+    assert group.procs[1].wait(60) == ExitCode.REFORM
+    group.wait()
+    survivor_last = group.steps(1)[-1]
+    assert memory.newest(mem[1]).step == survivor_last
+    durable = checkpoint.newest_valid(tmp_path / "ckpt")
+    assert durable is None or durable.step < survivor_last
+
+    # The survivor becomes rank 1 of the new group, the replacement rank 0: rank 0 receives.
+    resumed = Group(tmp_path, 2, survivor_last + 3, "after", memory=[mem[2], mem[1]], extra=MOMENTUM)
+    assert resumed.wait() == [0, 0]
+    assert resumed.steps(0) == [survivor_last + 1, survivor_last + 2, survivor_last + 3]
+    assert "1 received it" in resumed.logs[0].read_text()
