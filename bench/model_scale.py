@@ -86,6 +86,14 @@ def stall(steps: list[Line], start: float, end: float, steady: float) -> float:
     return sum(b - a - steady for a, b in itertools.pairwise(window) if b - a > 2 * steady)
 
 
+def long_gaps(steps: list[Line], start: float, end: float, steady: float) -> list[list[float]]:
+    """The five longest gaps counted by `stall`: [seconds after `start`, gap seconds], by time."""
+    times = sorted({x.t for x in steps})
+    window = [t for t in times if t < start][-1:] + [t for t in times if start <= t <= end]
+    gaps = [(b - a, a) for a, b in itertools.pairwise(window) if b - a > 2 * steady]
+    return sorted([[round(a - start, 2), round(g, 3)] for g, a in sorted(gaps, reverse=True)[:5]])
+
+
 def repeated(steps: list[Line], start: float, end: float) -> int:
     """Steps printed again between `start` and `end` (completed before, computed twice)."""
     seen: set[int] = set()
@@ -97,7 +105,7 @@ def repeated(steps: list[Line], start: float, end: float) -> int:
     return count
 
 
-def run_side(tmp: Path, endpoint: str, size: str, live: bool) -> Outcome:
+def run_side(tmp: Path, endpoint: str, size: str, live: bool, keep: bool = False) -> Outcome:
     from spotrun.client.down import down
     from spotrun.client.nodes import preempt
     from spotrun.client.up import up
@@ -150,6 +158,8 @@ def run_side(tmp: Path, endpoint: str, size: str, live: bool) -> Outcome:
             context["error"] = "not back at world 3 in time"
         else:
             outcome.stall[event] = round(stall(steps, start, end, steady), 3)
+            context["long_gaps"] = long_gaps(steps, start, end, steady)
+            context["worker_starts"] = len([b for b in timeline.of(Kind.BOOT) if start < b.t0 <= end])
         outcome.lost[event] = repeated(steps, start, end or time.time())
         outcome.context[event] = {"steady_step_s": round(steady, 4), **context}
 
@@ -182,6 +192,11 @@ def run_side(tmp: Path, endpoint: str, size: str, live: bool) -> Outcome:
     finally:
         if store is not None:
             store.close()
+        if keep:  # purge deletes the VM dirs
+            for log in vms.glob("*/home/.spotrun/*.log"):
+                kept = tmp / "logs" / f"{size}-{'live' if live else 'storage'}" / log.parts[-4]
+                kept.mkdir(parents=True, exist_ok=True)
+                shutil.copy(log, kept / log.name)
         try:
             down(CLUSTER, purge=True)
         except Exception as exc:
@@ -216,6 +231,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, of {', '.join(SIZES)}")
     parser.add_argument("--only", choices=("spotrun", "baseline"), help="run one side only")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir with every VM's logs, print its path")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench/model_scale.py needs root (the local provider's VMs use namespaces)")
@@ -233,10 +249,10 @@ def main() -> None:
             ours = theirs = None
             if args.only != "baseline":
                 with EtcdProcess(tmp / f"etcd-{size}-live") as etcd:
-                    ours = run_side(tmp, etcd.endpoint, size, live=True)
+                    ours = run_side(tmp, etcd.endpoint, size, live=True, keep=args.keep)
             if args.only != "spotrun":
                 with EtcdProcess(tmp / f"etcd-{size}-storage") as etcd:
-                    theirs = run_side(tmp, etcd.endpoint, size, live=False)
+                    theirs = run_side(tmp, etcd.endpoint, size, live=False, keep=args.keep)
             report(size, ours or theirs, theirs if ours else None)
             stalls[size] = (ours or theirs).stall.get("hard kill")
         small, large = stalls.get(sizes[0]), stalls.get(sizes[-1])
@@ -250,7 +266,10 @@ def main() -> None:
                 note="the stall must not grow with the model",
             )
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if args.keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_trainer import Group
 
-from spotrun.elastic import handoff
+from spotrun.elastic import handoff, tensortree
 from spotrun.elastic.checkpoint import files as checkpoint
 from spotrun.elastic.checkpoint import memory
 from spotrun.node.protocol import ControlCommand, ControlWriter, ExitCode
@@ -31,31 +31,56 @@ def test_plan_takes_the_newest_step_and_shares_out_the_senders() -> None:
 
 
 def test_split_and_join_carry_nested_state() -> None:
-    state = {"model": {"w": torch.arange(6.0).view(2, 3)}, "optimizer": {"param_groups": [{"lr": 0.1}]}, "step": 3}
-    skeleton, tensors = handoff._split(state)
-    assert len(tensors) == 1 and skeleton["step"] == 3 and skeleton["optimizer"] == state["optimizer"]
-    joined = handoff._join(skeleton, iter([t.clone() for t in tensors]))
-    assert torch.equal(joined["model"]["w"], state["model"]["w"]) and joined["step"] == 3
+    state = {"model": {"w": torch.arange(6.0).view(2, 3)}, "optimizer": {"param_groups": [{"betas": (0.9, 0.99)}]}}
+    skeleton, tensors = tensortree.split(state)
+    assert len(tensors) == 1 and skeleton["optimizer"] == state["optimizer"]
+    assert [(p.shape, p.device.type) for p in tensortree.placeholders(skeleton)] == [(torch.Size([2, 3]), "meta")]
+    joined = tensortree.join(skeleton, iter([t.clone() for t in tensors]))
+    assert torch.equal(joined["model"]["w"], state["model"]["w"])
+    assert joined["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.99)
 
 
-def test_snapshot_replaces_the_older_one_and_loads_mapped(tmp_path: Path) -> None:
+def test_snapshot_replaces_the_older_one_in_the_same_arena(tmp_path: Path) -> None:
     folder = tmp_path / "mem"
     assert memory.newest(folder) is None and memory.newest(None) is None
     memory.save(folder, 5, {"w": torch.ones(3), "step": 5})
-    memory.save(folder, 9, {"w": torch.full((3,), 2.0), "step": 9})
+    memory.save(folder, 9, {"w": torch.full((3,), 2.0), "b": torch.arange(4, dtype=torch.int64), "step": 9})
     found = memory.newest(folder)
     assert found is not None and found.step == 9
-    assert [p.name for p in folder.iterdir()] == [found.path.name], "the older snapshot was not removed"
-    assert torch.equal(memory.load(found)["w"], torch.full((3,), 2.0))
-    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert sorted(p.name for p in folder.iterdir()) == [memory.ARENA_FILE, found.path.name]
+    state = memory.load(found)
+    assert torch.equal(state["w"], torch.full((3,), 2.0)) and torch.equal(state["b"], torch.arange(4))
+    assert state["step"] == 9
+    assert oct(folder.stat().st_mode & 0o777) == "0o700" and oct(folder.parent.stat().st_mode & 0o777) == "0o700"
 
 
-def test_a_torn_snapshot_is_never_offered(tmp_path: Path) -> None:
+def test_a_snapshot_being_overwritten_is_never_offered(tmp_path: Path) -> None:
     folder = tmp_path / "mem"
-    memory.save(folder, 5, {"step": 5})
-    (folder / ".tmp-123-step-000000009.pt").write_bytes(b"half")  # a writer killed mid-write
-    found = memory.newest(folder)
-    assert found is not None and found.step == 5
+    memory.save(folder, 5, {"w": torch.ones(1000)})
+    (folder / ".tmp-123-step-000000009.pt").write_bytes(b"half")  # a header writer killed mid-write
+    assert memory.newest(folder).step == 5
+
+    # A writer killed while it copies into the arena: the old header went first, no new one came.
+    def dying_arena(folder: Path, size: int) -> torch.Tensor:
+        raise KeyboardInterrupt("killed mid-copy")
+
+    real = memory._arena
+    memory._arena = dying_arena
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            memory.save(folder, 9, {"w": torch.zeros(1000)})
+    finally:
+        memory._arena = real
+    assert memory.newest(folder) is None, "a snapshot whose bytes were being overwritten was offered"
+
+
+def test_reserve_grows_the_arena_and_keeps_the_snapshot(tmp_path: Path) -> None:
+    folder = tmp_path / "mem"
+    memory.save(folder, 3, {"w": torch.full((16,), 7.0)})
+    memory.reserve(folder, 1 << 20)
+    assert (folder / memory.ARENA_FILE).stat().st_size == 1 << 20
+    assert torch.equal(memory.load(memory.newest(folder))["w"], torch.full((16,), 7.0))
+    assert memory.snapshot_bytes({"a": torch.zeros(3), "b": [torch.zeros(20, dtype=torch.float64)]}) == 64 + 192
 
 
 def test_wait_for_returns_once_local_rank_zero_wrote_the_step(tmp_path: Path) -> None:
@@ -92,7 +117,7 @@ def test_agreed_checkpoint_goes_through_host_memory_and_a_joiner_receives_it(tmp
     assert second.wait() == [0, 0, 0]
     assert second.steps(0)[0] == second.steps(2)[0] == done + 1
     assert first.steps(0) + second.steps(0) == list(range(1, 41)), "a step ran twice or was skipped"
-    assert "in host memory (2 rank(s) held it, 1 received it" in second.logs[0].read_text()
+    assert "(2 rank(s) held it, 1 received it" in second.logs[0].read_text()
     assert checkpoint.newest_valid(tmp_path / "ckpt").step == 40
 
     # The same job undisturbed: the same parameters (momentum included), within float tolerance.

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from spotrun.elastic import tensortree
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -56,72 +58,21 @@ def agree(held: int, durable: int, world_size: int) -> Plan:
 
 def send(state: dict[str, Any], dst: int) -> None:
     """Send `state` (nested dicts/lists of tensors and plain values) to rank `dst`. Blocking."""
-    skeleton, tensors = _split(state)
-    dist.send_object_list([skeleton], dst=dst)
+    skeleton, tensors = tensortree.split(state)
+    dist.send_object_list([skeleton, [t.is_cuda for t in tensors]], dst=dst)
     for tensor in tensors:
         dist.send(tensor.contiguous(), dst=dst)
 
 
 def receive(src: int, device: torch.device) -> dict[str, Any]:
     """The state rank `src` sends with `send`; its CUDA tensors land on `device`, CPU ones on the CPU."""
-    box: list[Any] = [None]
+    box: list[Any] = [None, None]
     dist.recv_object_list(box, src=src)
-    skeleton = box[0]
+    skeleton, on_cuda = box
     tensors = []
-    for shape, dtype, on_cuda in _specs(skeleton):
-        tensor = torch.empty(shape, dtype=dtype, device=device if on_cuda else "cpu")
+    for meta, cuda in zip(tensortree.placeholders(skeleton), on_cuda, strict=True):
+        tensor = torch.empty(meta.shape, dtype=meta.dtype, device=device if cuda else "cpu")
         dist.recv(tensor, src=src)
         tensors.append(tensor)
-    joined: dict[str, Any] = _join(skeleton, iter(tensors))
+    joined: dict[str, Any] = tensortree.join(skeleton, iter(tensors))
     return joined
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """Where a tensor was in the sent state: its index in the send order, and how to allocate it."""
-
-    index: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    on_cuda: bool
-
-
-def _split(value: Any, tensors: list[torch.Tensor] | None = None) -> tuple[Any, list[torch.Tensor]]:
-    """`value` with each tensor replaced by a _Slot, and the tensors in slot order."""
-    out = [] if tensors is None else tensors
-    if torch.is_tensor(value):
-        out.append(value.detach())
-        return _Slot(len(out) - 1, tuple(value.shape), value.dtype, value.is_cuda), out
-    if isinstance(value, dict):
-        return {k: _split(v, out)[0] for k, v in value.items()}, out
-    if isinstance(value, (list, tuple)):
-        return type(value)(_split(v, out)[0] for v in value), out
-    return value, out
-
-
-def _specs(skeleton: Any) -> list[tuple[tuple[int, ...], torch.dtype, bool]]:
-    slots: list[_Slot] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, _Slot):
-            slots.append(value)
-        elif isinstance(value, dict):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-
-    walk(skeleton)
-    return [(s.shape, s.dtype, s.on_cuda) for s in sorted(slots, key=lambda s: s.index)]
-
-
-def _join(skeleton: Any, tensors: Any) -> Any:
-    """The inverse of _split; `tensors` an iterator in slot order (dict/list order is send order)."""
-    if isinstance(skeleton, _Slot):
-        return next(tensors)
-    if isinstance(skeleton, dict):
-        return {k: _join(v, tensors) for k, v in skeleton.items()}
-    if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(_join(v, tensors) for v in skeleton)
-    return skeleton

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import socket
 import sys
 import threading
@@ -126,6 +127,8 @@ class ElasticTrainer:
         # state goes through the sharded checkpoint).
         self._memory = None if self._fsdp else memory.directory()
         self._durable_due = False  # resumed from memory past the newest durable checkpoint
+        self._local_zero = os.environ.get("LOCAL_RANK", "0") == "0"  # writes the node's host snapshot
+        self._reserver = memory.Reserver()
         # Background checkpoint writes coordinate on their own group, never interleaving with training's.
         self._checkpoint_group = dist.new_group(backend="gloo") if self._sharded else None
         self._stager = sharded.stager() if self._sharded else None
@@ -135,8 +138,7 @@ class ElasticTrainer:
         self.resumed_from: int | None = None
         self._control = protocol.ControlReader(_env(protocol.CONTROL_FILE_ENV, Path, None))
         # One reporter per node: local rank 0 (the agent publishes one progress record per node).
-        local_zero = os.environ.get("LOCAL_RANK", "0") == "0"
-        self._progress = _ProgressFile(_env(protocol.PROGRESS_FILE_ENV, Path, None) if local_zero else None)
+        self._progress = _ProgressFile(_env(protocol.PROGRESS_FILE_ENV, Path, None) if self._local_zero else None)
         self._writer = _AsyncWriter()
         self._last_save_at = time.monotonic()
         # On the CPU whatever the device (gloo carries the control collectives): checkpoint now,
@@ -172,6 +174,8 @@ class ElasticTrainer:
         and acts on an agreed "checkpoint now" (save, then exit ExitCode.REFORM on every rank)."""
         self.step += 1
         self.samples_seen += self.global_batch
+        if self._memory is not None and self._local_zero and not self._reserver.started:  # optimizer state exists now
+            self._reserver.start(self._memory, memory.snapshot_bytes(self._replica()))
         self._progress.report(self.step, self.world_size, self.global_batch, loss)
         now, due_by_time, busy = self._agree()
         if now:
@@ -254,6 +258,7 @@ class ElasticTrainer:
         rank holds a snapshot at least as new as the newest durable checkpoint."""
         if self._memory is None:
             return False
+        started = time.monotonic()
         held = memory.newest(self._memory)
         durable = max(self._store.steps(self.checkpoint_dir), default=-1) if self.rank == 0 else -1
         plan = handoff.agree(held.step if held else -1, durable, self.world_size)
@@ -271,8 +276,9 @@ class ElasticTrainer:
         self._durable_due = plan.step > plan.durable
         if self.rank == 0:
             _say(
-                f"resumed from step {self.step} in host memory ({len(plan.sources)} rank(s) held it, "
-                f"{len(plan.receives)} received it from them; newest durable checkpoint: step {plan.durable})"
+                f"resumed from step {self.step} in host memory in {time.monotonic() - started:.2f} s "
+                f"({len(plan.sources)} rank(s) held it, {len(plan.receives)} received it from them; "
+                f"newest durable checkpoint: step {plan.durable})"
             )
         return True
 
@@ -300,8 +306,12 @@ class ElasticTrainer:
         """Leave this node's replica in host memory for the next workers: local rank 0 writes it, the
         node's other workers wait until it is whole (their exit would end it). Blocking."""
         assert self._memory is not None
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if self._local_zero:
             started = time.monotonic()
+            # The launcher stops a node's workers (SIGTERM, SIGKILL 5 s later) as soon as the rendezvous
+            # sees a peer gone, usually while this runs: finish the snapshot first, it is what survives.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self._reserver.wait()
             memory.save(self._memory, self.step, self._replica())
             _say(f"step {self.step} left in host memory in {time.monotonic() - started:.2f} s")
         elif not memory.wait_for(self._memory, self.step, SNAPSHOT_WAIT_S):

@@ -16,7 +16,7 @@ reach the workers in environment variables:
 - peer-lost file ($SPOTRUN_PEER_LOST_FILE): a worker whose peer died touches it
   (`mark_peer_lost`); the launcher's rendezvous handler reports the loss as it re-joins.
 - standby file (the launcher's `--standby-file`): a warm spare waits outside the job while it exists.
-- memory directory ($SPOTRUN_MEMORY_DIR, `NodeFiles.memory`): host memory (tmpfs) where local rank 0
+- memory directory ($SPOTRUN_MEMORY_DIR, `NodeFiles.memory(node)`): host memory (tmpfs) where local rank 0
   leaves the node's state for the next workers (spotrun.elastic.checkpoint.memory); the agent
   removes it when the node stops training.
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import hashlib
 import json
 import os
 import threading
@@ -84,15 +83,12 @@ class NodeFiles:
     def standby(self) -> Path:
         return self.state_dir / "standby"
 
-    @property
-    def memory(self) -> Path:
-        """In host memory where the VM has a tmpfs (/dev/shm): a snapshot there costs one copy, not a
-        disk write. One directory per state directory (local VMs share a host), private to the user."""
+    def memory(self, node: str) -> Path:
+        """Node `node`'s host-memory directory: on the VM's tmpfs (/dev/shm) where it has one, so a
+        snapshot costs one copy, not a disk write. Named by node id: local VMs share their host's
+        /dev/shm (and the same paths inside), each must have its own."""
         shm = Path("/dev/shm")
-        if not shm.is_dir():
-            return self.state_dir / "memory"
-        tag = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:16]
-        return shm / f"spotrun-{os.getuid()}-{tag}"
+        return (shm / f"spotrun-{os.getuid()}" if shm.is_dir() else self.state_dir / "memory") / node
 
 
 def served_path(control_file: Path) -> Path:

@@ -61,7 +61,7 @@ class Launcher:
         self.cluster, self.node, self.endpoints, self.spec = cluster, node, endpoints, spec
         self.files = protocol.NodeFiles(state_dir)
         # A snapshot left by an earlier agent may be of another job: never offer it to this one.
-        shutil.rmtree(self.files.memory, ignore_errors=True)
+        shutil.rmtree(self.files.memory(self.node), ignore_errors=True)
         # A warm spare's launcher waits outside the job while this file exists (see activate()).
         if standby:
             self.files.standby.touch()
@@ -148,7 +148,7 @@ class Launcher:
             protocol.PEER_LOST_FILE_ENV: str(self.files.peer_lost),
             protocol.NODE_ID_ENV: self.node,
             protocol.CHECKPOINT_KEEP_ENV: str(self.spec.keep),
-            protocol.MEMORY_DIR_ENV: str(self.files.memory),
+            protocol.MEMORY_DIR_ENV: str(self.files.memory(self.node)),
         }
         optional = {
             protocol.CHECKPOINT_DIR_ENV: self.spec.checkpoint_dir,
@@ -162,7 +162,7 @@ class Launcher:
         try:
             self._supervise()
         finally:  # the node trains no more: give its host memory back
-            shutil.rmtree(self.files.memory, ignore_errors=True)
+            shutil.rmtree(self.files.memory(self.node), ignore_errors=True)
 
     def _supervise(self) -> None:
         attempt = 0

@@ -3,20 +3,28 @@
 Torch elastic re-forms a group by ending every worker and starting new ones, so a survivor's state
 must outlive its process. A durable checkpoint (fsync, hash, a bucket) costs time that grows with
 the model and sits on the recovery's critical path; a snapshot in host memory costs one copy. At an
-agreed "checkpoint now" and after a peer died, local rank 0 of each node writes the replica it holds
-(DDP: every rank holds the whole state) to the node's memory directory (tmpfs, `$SPOTRUN_MEMORY_DIR`,
-private to the node's agent); the next workers on that node load it from there (mapped, not read).
-Joiners have no snapshot: they receive the state from a survivor over the process group
-(spotrun.elastic.handoff). The durable checkpoint is written afterwards, in the background.
+agreed "checkpoint now" and after a peer died, local rank 0 of each node copies the replica it holds
+(DDP: every rank holds the whole state) into the node's memory directory (tmpfs, `$SPOTRUN_MEMORY_DIR`,
+private to the node's agent); the next workers on that node map it from there. Joiners have no
+snapshot: they receive the state from a survivor over the process group (spotrun.elastic.handoff).
+The durable checkpoint is written afterwards, in the background.
 
-Layout: `<dir>/step-000000120.pt` (a torch.save of the state, written under a temp name and renamed,
-so a reader sees a whole snapshot or none). One snapshot per node: a new one replaces the older.
-Not a durable checkpoint: gone with the VM, and no hash (it never leaves the machine that wrote it).
+Layout of a memory directory:
+- `arena`: the tensors' bytes back to back (64-byte aligned), reused from snapshot to snapshot, so
+  a snapshot is a memcpy into pages that already exist (no allocation, no page faults, no pickling:
+  682 MB in about 0.05 s here, against 0.5 s for a torch.save into tmpfs). `reserve` grows and
+  touches it ahead of time, off the critical path.
+- `step-000000120.pt`: the header (a torch.save of the state with every tensor replaced by its meta
+  twin, and each tensor's offset). It is removed before the arena is overwritten and written (temp
+  name, rename) after the copy, so a snapshot exists exactly while its bytes are whole.
+Not a durable checkpoint: gone with the VM, and not hashed (it never leaves the machine that wrote it).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +32,20 @@ from typing import Any
 
 import torch
 
+from spotrun.elastic import tensortree
 from spotrun.node import protocol
 
 _PREFIX, _SUFFIX = "step-", ".pt"
+ARENA_FILE = "arena"
+ALIGN = 64
 WAIT_POLL_S = 0.02
+_TOUCH_BYTES = 64 << 20  # reserve() touches the arena in slices this big
 
 
 @dataclass(frozen=True)
 class Snapshot:
     step: int
-    path: Path
+    path: Path  # the header
 
 
 def directory() -> Path | None:
@@ -47,7 +59,7 @@ def directory() -> Path | None:
 
 
 def newest(folder: Path | None) -> Snapshot | None:
-    """The newest whole snapshot in `folder`, or None."""
+    """The node's whole snapshot in `folder`, or None."""
     if folder is None or not folder.is_dir():
         return None
     found = []
@@ -58,25 +70,84 @@ def newest(folder: Path | None) -> Snapshot | None:
     return max(found, key=lambda s: s.step, default=None)
 
 
+def layout(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
+    """Each tensor's byte offset in the arena, and the arena's size."""
+    offsets, end = [], 0
+    for tensor in tensors:
+        offsets.append(end)
+        end += math.ceil(tensor.numel() * tensor.element_size() / ALIGN) * ALIGN
+    return offsets, end
+
+
+def _prepare(folder: Path) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # shared by a host's local VMs: private
+    folder.mkdir(exist_ok=True, mode=0o700)
+
+
+def _arena(folder: Path, size: int) -> torch.Tensor:
+    """The arena of at least `size` bytes, mapped shared (writes land in the file)."""
+    path = folder / ARENA_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+    return torch.from_file(str(path), shared=True, size=max(size, 1), dtype=torch.uint8)
+
+
+def reserve(folder: Path, size: int) -> None:
+    """Grow the arena to `size` bytes and touch every page, so the first snapshot is a plain copy.
+    For a background thread (torch's copies run without the GIL); leaves any snapshot whole."""
+    _prepare(folder)
+    arena = _arena(folder, size)
+    snapshot = newest(folder)
+    keep = _read_header(snapshot)["bytes"] if snapshot is not None else 0
+    for start in range(keep, size, _TOUCH_BYTES):  # pages past the snapshot's bytes: free to zero
+        arena[start : min(size, start + _TOUCH_BYTES)].zero_()
+
+
 def save(folder: Path, step: int, state: dict[str, Any]) -> Snapshot:
-    """Write `state` (tensors on any device: torch.save copies them to host) as the node's snapshot of
-    `step`, then delete older snapshots. Blocking; the directory is created private to the user."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    final = folder / f"{_PREFIX}{step:09d}{_SUFFIX}"
-    tmp = folder / f".tmp-{os.getpid()}-{final.name}"
-    torch.save(state, tmp)
-    os.replace(tmp, final)
-    for entry in folder.iterdir():
-        if entry != final and (entry.name.startswith(_PREFIX) or entry.name.startswith(f".tmp-{os.getpid()}-")):
-            entry.unlink(missing_ok=True)
-    return Snapshot(step, final)
+    """Copy `state` (tensors on any device) into the node's arena as the snapshot of `step`, replacing
+    the previous one. Blocking; a crash half-way leaves no snapshot, never a torn one."""
+    _prepare(folder)
+    skeleton, tensors = tensortree.split(state)
+    offsets, size = layout(tensors)
+    for old in folder.glob(f"{_PREFIX}*{_SUFFIX}"):
+        old.unlink(missing_ok=True)  # before the bytes change: a reader never maps a torn snapshot
+    arena = _arena(folder, size)
+    for tensor, offset in zip(tensors, offsets, strict=True):
+        nbytes = tensor.numel() * tensor.element_size()
+        arena[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+    header = folder / f"{_PREFIX}{step:09d}{_SUFFIX}"
+    tmp = folder / f".tmp-{os.getpid()}-{header.name}"
+    torch.save({"skeleton": skeleton, "offsets": offsets, "bytes": size, "step": step}, tmp)
+    os.replace(tmp, header)
+    return Snapshot(step, header)
+
+
+def _read_header(snapshot: Snapshot) -> dict[str, Any]:
+    header: dict[str, Any] = torch.load(snapshot.path, weights_only=True)
+    return header
 
 
 def load(snapshot: Snapshot) -> dict[str, Any]:
-    """The state of `snapshot`, its tensors mapped from host memory (copied only when loaded into a
-    model or moved to a device). weights_only: a snapshot holds tensors and plain values only."""
-    state: dict[str, Any] = torch.load(snapshot.path, map_location="cpu", mmap=True, weights_only=True)
+    """The state of `snapshot`, its tensors mapped from the arena (private mapping: copied only when
+    loaded into a model or moved to a device). Raises OSError if the snapshot went meanwhile."""
+    header = _read_header(snapshot)
+    path = snapshot.path.parent / ARENA_FILE
+    arena = torch.from_file(str(path), shared=False, size=max(header["bytes"], 1), dtype=torch.uint8)
+    views = []
+    for meta, offset in zip(tensortree.placeholders(header["skeleton"]), header["offsets"], strict=True):
+        nbytes = meta.numel() * meta.element_size()
+        views.append(arena[offset : offset + nbytes].view(meta.dtype).view(meta.shape))
+    state: dict[str, Any] = tensortree.join(header["skeleton"], iter(views))
     return state
+
+
+def snapshot_bytes(state: dict[str, Any]) -> int:
+    """The arena size a snapshot of `state` needs."""
+    return layout(tensortree.split(state)[1])[1]
 
 
 def wait_for(folder: Path, step: int, timeout: float) -> bool:
@@ -91,3 +162,23 @@ def wait_for(folder: Path, step: int, timeout: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(WAIT_POLL_S)
+
+
+class Reserver:
+    """Reserves the arena once, on a background thread; `wait()` before writing a snapshot."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self, folder: Path, size: int) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=reserve, args=(folder, size), name="arena-reserve", daemon=True)
+            self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
