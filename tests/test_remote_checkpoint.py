@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -22,28 +21,6 @@ from spotrun.providers.storage import open_store  # noqa: E402  (after the skips
 
 from spotrun.elastic.checkpoint import files as checkpoint  # noqa: E402
 from spotrun.elastic.checkpoint import remote as remote_checkpoint  # noqa: E402
-
-
-@pytest.fixture
-def env(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "SPOTRUN_S3_ENDPOINT_URL": moto_url,
-    }
-    for name, value in values.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    return values
-
-
-@pytest.fixture
-def url(env: dict[str, str]) -> str:
-    bucket = f"ckpt-{uuid.uuid4().hex[:10]}"
-    store, _ = open_store(f"s3://{bucket}")
-    store.driver.create_container(bucket)
-    return f"s3://{bucket}/runs/llm"
 
 
 def _save(value):
@@ -190,15 +167,7 @@ def test_missing_bucket_and_bad_scheme_are_one_line(env: dict[str, str]) -> None
     assert warnings and "\n" not in warnings[0]
 
 
-PART = 5 * 2**20  # S3's (and moto's) smallest part but the last
-
-
-@pytest.fixture
-def small_parts(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {"SPOTRUN_STORAGE_PART_BYTES": str(PART), "SPOTRUN_STORAGE_PARTS_IN_FLIGHT": "2"}
-    for name, value in values.items():
-        monkeypatch.setenv(name, value)
-    return values
+PART = 5 * 2**20  # S3's (and moto's) smallest part but the last: the small_parts fixture's part size
 
 
 def _big_state(seed: int) -> dict:

@@ -28,9 +28,9 @@ optimizer built after sharding, so pass a factory and use `t.optimizer`:
 
     t = ElasticTrainer(model, lambda params: torch.optim.AdamW(params, lr=3e-4), parallel="fsdp", ...)
 
-In a checkpoint directory the checkpoints are sharded (spotrun.elastic.checkpoint.sharded: every
-rank writes its own shard, loaded at any world size); on object storage rank 0 writes one full
-state (DDP only).
+Checkpoints are sharded, DDP and FSDP alike: every rank writes its own shard, loaded at any world
+size (spotrun.elastic.checkpoint.sharded in a directory; remote_sharded on object storage, where
+each rank uploads its shard in parallel).
 
 Configuration comes from arguments or from the environment the node agent sets:
 SPOTRUN_CHECKPOINT_DIR, SPOTRUN_CHECKPOINT_EVERY_STEPS, SPOTRUN_CHECKPOINT_EVERY_SECONDS,
@@ -59,7 +59,7 @@ import torch.distributed as dist
 from spotrun.elastic import devices, wrapping
 from spotrun.elastic.checkpoint import files as checkpoint
 from spotrun.elastic.checkpoint import remote as remote_checkpoint
-from spotrun.elastic.checkpoint import sharded
+from spotrun.elastic.checkpoint import remote_sharded, sharded
 from spotrun.node import protocol
 
 STORE_POLL_S = 0.01
@@ -113,11 +113,10 @@ class ElasticTrainer:
         self.every_steps = every_steps or _env(protocol.CHECKPOINT_EVERY_STEPS_ENV, int, None)
         self.every_seconds = every_seconds or _env(protocol.CHECKPOINT_EVERY_SECONDS_ENV, float, None)
         self.keep = keep or _env(protocol.CHECKPOINT_KEEP_ENV, int, 3)
-        # A directory gets sharded (DCP) checkpoints; object storage still one full state by rank 0.
-        self._sharded = self._store is checkpoint
+        # Sharded (DCP) checkpoints in a directory and on object storage: the same calls, another module.
+        self._sharded = True
+        self._shards = remote_sharded if self._store is remote_checkpoint else sharded
         self._fsdp = wrapping.is_fsdp(parallel)
-        if self._fsdp and not self._sharded:
-            raise ValueError(f"FSDP checkpoints need a directory every node reaches, not {location}")
         self.raw_model = model.to(self.device)  # in place: parameters an optimizer holds move with it
         if self._fsdp:
             self.model = wrapping.fully_shard_model(model, parallel)
@@ -220,11 +219,11 @@ class ElasticTrainer:
         manifest = found[0]
         if manifest is None:
             return
-        if self._sharded:
+        if isinstance(manifest, checkpoint.ShardedManifest):  # else a state.pt of an earlier version
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
             state = self._state_dict()
-            sharded.load(manifest, state)  # resharded to this world size
+            self._shards.load(manifest, state)  # resharded to this world size
             set_state_dict(
                 self.raw_model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
             )
@@ -273,8 +272,8 @@ class ElasticTrainer:
         manifest: checkpoint.Manifest | None
         if self._sharded:
             assert self._checkpoint_group is not None
-            manifest = sharded.save(
-                Path(self.checkpoint_dir),
+            manifest = self._shards.save(
+                self.checkpoint_dir,
                 state["step"],
                 state["world_size"],
                 state["dcp"],
@@ -324,8 +323,8 @@ class ElasticTrainer:
                 # No collective: a background write, if any, fails on the dead peer by itself.
                 state = self._snapshot()
                 started = time.monotonic()
-                manifest = sharded.save_alone(
-                    Path(self.checkpoint_dir), self.step, self.world_size, state["dcp"], self.samples_seen
+                manifest = self._shards.save_alone(
+                    self.checkpoint_dir, self.step, self.world_size, state["dcp"], self.samples_seen
                 )
                 self._store.prune(self.checkpoint_dir, self.keep)
                 self._progress.checkpointed(manifest, time.monotonic() - started)
