@@ -29,7 +29,10 @@ def _free_port() -> int:
 class Group:
     """`world` ranks of the test job as plain processes (what torchrun would start)."""
 
-    def __init__(self, tmp: Path, world: int, steps: int, tag: str) -> None:
+    def __init__(
+        self, tmp: Path, world: int, steps: int, tag: str, location: str | None = None, args: tuple[str, ...] = ()
+    ) -> None:
+        """`location`: the checkpoint dir or URL (tmp/ckpt by default); `args`: more arguments for steps.py."""
         self.tmp, self.world, self.tag = tmp, world, tag
         port = _free_port()
         self.logs = [tmp / f"{tag}-rank{r}.log" for r in range(world)]
@@ -43,7 +46,7 @@ class Group:
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
                 "LOCAL_RANK": "0",
-                "SPOTRUN_CHECKPOINT_DIR": str(tmp / "ckpt"),
+                "SPOTRUN_CHECKPOINT_DIR": location or str(tmp / "ckpt"),
                 "SPOTRUN_CONTROL_FILE": str(self.controls[rank]),
                 "SPOTRUN_PROGRESS_FILE": str(tmp / f"progress-{rank}.json"),
                 "SPOTRUN_COLLECTIVE_TIMEOUT_S": "30",
@@ -61,6 +64,7 @@ class Group:
                             str(BATCH),
                             "--samples",
                             str(SAMPLES),
+                            *args,
                         ],
                         env=env,
                         stdout=out,

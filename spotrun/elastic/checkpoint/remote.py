@@ -262,15 +262,13 @@ def published(url: str | os.PathLike[str], step: int) -> Manifest | None:
     hashed), else None. Raises ProviderError."""
     store, prefix = _split(url)
     step_key = _key(prefix, _name(step))
-    return _published(store, step_key, store.sizes(step_key + "/"))
-
-
-def _published(store: Any, step_key: str, sizes: dict[str, int]) -> Manifest | None:
     manifest = _read(store, step_key)
-    if manifest is None:
-        return None
-    whole = all(sizes.get(_key(step_key, name)) == size for name, (size, _) in _objects(manifest).items())
-    return manifest if whole else None
+    return manifest if manifest is not None and _sizes_match(manifest, step_key, store.sizes(step_key + "/")) else None
+
+
+def _sizes_match(manifest: Manifest, step_key: str, sizes: dict[str, int]) -> bool:
+    """Whether every object `manifest` lists has its size in `sizes` (a listing: name -> bytes)."""
+    return all(sizes.get(_key(step_key, name)) == size for name, (size, _) in _objects(manifest).items())
 
 
 def _step_of(prefix: str, name: str) -> int | None:
@@ -332,10 +330,10 @@ def newest_valid(url: str | os.PathLike[str], warn: Callable[[str], None] | None
 
 def prune(url: str | os.PathLike[str], keep: int) -> list[int]:
     """Keep the newest `keep` whole-looking checkpoints (manifest and every object it lists with
-    its size; a broken one does not count) and delete every object of each older step, or of a
-    broken step older than a kept one; returns the steps removed. A broken step newer than every
-    whole one is left alone: its writer may be uploading it right now (the next prune after a
-    newer checkpoint removes it). Raises ProviderError."""
+    its size, from one listing: nothing is downloaded; a broken one does not count) and delete
+    every object of every other step; returns the steps removed. Except a step without manifest
+    that is newer than every whole one: its writer may be uploading it right now, so it is left
+    for a prune after a newer checkpoint. Raises ProviderError."""
     store, prefix = _split(url)
     by_step: dict[int, dict[str, int]] = {}
     for name, size in store.sizes(_key(prefix, _PREFIX)).items():
@@ -343,11 +341,12 @@ def prune(url: str | os.PathLike[str], keep: int) -> list[int]:
             by_step.setdefault(step, {})[name] = size
     removed, kept = [], 0
     for step in sorted(by_step, reverse=True):
-        whole = _published(store, _key(prefix, _name(step)), by_step[step]) is not None
-        if whole and kept < keep:
+        step_key = _key(prefix, _name(step))
+        manifest = _read(store, step_key)
+        if manifest is not None and kept < keep and _sizes_match(manifest, step_key, by_step[step]):
             kept += 1
             continue
-        if not whole and kept == 0:
+        if manifest is None and kept == 0:
             continue
         # The manifest goes first, so a reader never sees a manifest without its objects.
         for name in sorted(by_step[step], key=lambda n: not n.endswith("/" + MANIFEST_FILE)):
