@@ -114,7 +114,6 @@ class ElasticTrainer:
         self.every_seconds = every_seconds or _env(protocol.CHECKPOINT_EVERY_SECONDS_ENV, float, None)
         self.keep = keep or _env(protocol.CHECKPOINT_KEEP_ENV, int, 3)
         # Sharded (DCP) checkpoints in a directory and on object storage: the same calls, another module.
-        self._sharded = True
         self._shards = remote_sharded if self._store is remote_checkpoint else sharded
         self._fsdp = wrapping.is_fsdp(parallel)
         self.raw_model = model.to(self.device)  # in place: parameters an optimizer holds move with it
@@ -128,8 +127,8 @@ class ElasticTrainer:
             )
         self.optimizer = wrapping.build_optimizer(optimizer, self.model, self._fsdp)
         # Background checkpoint writes coordinate on their own group, never interleaving with training's.
-        self._checkpoint_group = dist.new_group(backend="gloo") if self._sharded else None
-        self._stager = sharded.stager() if self._sharded else None
+        self._checkpoint_group = dist.new_group(backend="gloo")
+        self._stager = sharded.stager()
         self.step = 0
         self.samples_seen = 0
         self._orders: dict[int, torch.Tensor] = {}
@@ -177,8 +176,7 @@ class ElasticTrainer:
             self._exit(protocol.ExitCode.REFORM)
         due = due_by_time or (self.every_steps is not None and self.step % self.every_steps == 0)
         if due and not busy:
-            if self._sharded or self.rank == 0:
-                self._writer.submit(self._snapshot(staged=True), self._write_and_prune)
+            self._writer.submit(self._snapshot(staged=True), self._write_and_prune)
             self._last_save_at = time.monotonic()
 
     def finish(self) -> None:
@@ -245,49 +243,25 @@ class ElasticTrainer:
         return {"model": model, "optimizer": optim}
 
     def _snapshot(self, staged: bool = False) -> dict[str, Any]:
-        """Everything needed to resume. Sharded: with `staged`, a host copy safe to write from another
-        thread while training goes on, else (a save on this thread) the live state, no copy. For
-        object storage always a host copy (never a second copy on the device)."""
+        """Everything needed to resume: with `staged`, a host copy safe to write from another thread
+        while training goes on, else (a save on this thread) the live state, no copy."""
         progress = {"step": self.step, "samples_seen": self.samples_seen, "world_size": self.world_size}
-        if self._sharded:
-            state = self._state_dict()
-            if staged:
-                assert self._stager is not None
-                state = sharded.stage(state, self._stager)
-            return {"dcp": state, **progress}
-        clone = lambda v: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v  # noqa: E731 (host, not device)
-        optim = self.optimizer.state_dict()
-        return {
-            "model": {k: clone(v) for k, v in self.raw_model.state_dict().items()},
-            "optimizer": {
-                "state": {k: {n: clone(t) for n, t in s.items()} for k, s in optim["state"].items()},
-                "param_groups": optim["param_groups"],
-            },
-            **progress,
-        }
+        state = self._state_dict()
+        if staged:
+            state = sharded.stage(state, self._stager)
+        return {"dcp": state, **progress}
 
     def _write_and_prune(self, state: dict[str, Any]) -> None:
-        """Write `state` (a `_snapshot`): sharded, collective on every rank; else by rank 0 alone."""
+        """Write `state` (a `_snapshot`): collective on every rank."""
         started = time.monotonic()
-        manifest: checkpoint.Manifest | None
-        if self._sharded:
-            assert self._checkpoint_group is not None
-            manifest = self._shards.save(
-                self.checkpoint_dir,
-                state["step"],
-                state["world_size"],
-                state["dcp"],
-                state["samples_seen"],
-                self._checkpoint_group,
-            )
-        else:
-            manifest = self._store.write(
-                self.checkpoint_dir,
-                state["step"],
-                state["world_size"],
-                lambda path: torch.save(state, path),
-                state["samples_seen"],
-            )
+        manifest = self._shards.save(
+            self.checkpoint_dir,
+            state["step"],
+            state["world_size"],
+            state["dcp"],
+            state["samples_seen"],
+            self._checkpoint_group,
+        )
         if manifest is None:  # written by rank 0, or there already
             return
         took = time.monotonic() - started
@@ -296,8 +270,7 @@ class ElasticTrainer:
 
     def _save_sync(self) -> None:
         self._writer.wait()
-        if self._sharded or self.rank == 0:
-            self._write_and_prune(self._snapshot())
+        self._write_and_prune(self._snapshot())
 
     def _agree(self) -> tuple[bool, bool, bool]:
         """One tiny all_reduce per step, so every rank takes the same checkpoint decisions (a sharded
@@ -319,7 +292,7 @@ class ElasticTrainer:
         try:
             if self.step > 0 and self._fsdp:
                 _say("FSDP shards of the lost peer are gone: the job resumes from the newest checkpoint")
-            elif self.step > 0 and self._sharded:
+            elif self.step > 0:
                 # No collective: a background write, if any, fails on the dead peer by itself.
                 state = self._snapshot()
                 started = time.monotonic()
@@ -328,9 +301,6 @@ class ElasticTrainer:
                 )
                 self._store.prune(self.checkpoint_dir, self.keep)
                 self._progress.checkpointed(manifest, time.monotonic() - started)
-            elif self.step > 0:
-                self._writer.wait()
-                self._write_and_prune(self._snapshot())
         finally:
             self._exit(protocol.ExitCode.REFORM)
 
