@@ -214,12 +214,11 @@ def test_multipart_upload_spans_parts_and_reads_back_equal(
     assert most[0] == 2  # parallel, and never more than SPOTRUN_STORAGE_PARTS_IN_FLIGHT
 
 
-# Uploads step 20 in 5 MiB parts, one at a time, and stops dead after the second part: the
-# parent SIGKILLs it there.
-KILLED_WRITER = """
+# The start of a writer script that uploads in 5 MiB parts, one at a time, and stops dead after
+# the second part (kill_mid_upload SIGKILLs it there); `state` is what it writes, as step 20.
+HANG_AFTER_TWO_PARTS = """
 import sys, time, torch
 import spotrun.providers.aws.storage as s3
-from spotrun.elastic.checkpoint import remote as remote_checkpoint
 sent = []
 original = s3.S3Multipart.put_part
 def put_part(self, *args):
@@ -231,16 +230,21 @@ def put_part(self, *args):
     return etag
 s3.S3Multipart.put_part = put_part
 state = {"w": torch.randn(3_150_000, generator=torch.Generator().manual_seed(20)), "seed": 20}
-remote_checkpoint.write(sys.argv[1], 20, 2, lambda p: torch.save(state, p))
 """
 
+KILLED_WRITER = (
+    HANG_AFTER_TWO_PARTS
+    + """
+from spotrun.elastic.checkpoint import remote as remote_checkpoint
+remote_checkpoint.write(sys.argv[1], 20, 2, lambda p: torch.save(state, p))
+"""
+)
 
-def test_writer_killed_mid_upload_leaves_no_checkpoint_and_the_next_write_cleans_up(
-    url: str, env: dict[str, str], small_parts: dict[str, str], tmp_path: Path
-) -> None:
-    remote_checkpoint.write(url, 10, 2, _save(10))
+
+def kill_mid_upload(script: str, url: str, env: dict[str, str], small_parts: dict[str, str], tmp_path: Path) -> None:
+    """Run `script` (HANG_AFTER_TWO_PARTS and a write to `url`) and SIGKILL it once two parts are up."""
     child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER, url],
+        [sys.executable, "-c", script, url],
         # TMPDIR: the killed writer cannot remove its local copy of the state.
         env={**os.environ, **env, **small_parts, "SPOTRUN_STORAGE_PARTS_IN_FLIGHT": "1", "TMPDIR": str(tmp_path)},
         stdout=subprocess.PIPE,
@@ -252,6 +256,13 @@ def test_writer_killed_mid_upload_leaves_no_checkpoint_and_the_next_write_cleans
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
     assert line == "two parts sent\n", child.stderr.read()
+
+
+def test_writer_killed_mid_upload_leaves_no_checkpoint_and_the_next_write_cleans_up(
+    url: str, env: dict[str, str], small_parts: dict[str, str], tmp_path: Path
+) -> None:
+    remote_checkpoint.write(url, 10, 2, _save(10))
+    kill_mid_upload(KILLED_WRITER, url, env, small_parts, tmp_path)
     store, prefix = open_store(url)
     (upload,) = store.pending_uploads(prefix + "/")
     assert upload.name.startswith(f"{prefix}/step-000000020/state-")

@@ -4,8 +4,6 @@ from a bucket. The world 3 -> 2 and 4 round trip is test_sharded_checkpoint.py's
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +15,7 @@ pytest.importorskip("libcloud")
 torch = pytest.importorskip("torch")
 
 from spotrun.providers.storage import open_store  # noqa: E402  (after the skips above)
-from test_remote_checkpoint import PART, _big_state, _objects  # noqa: E402
+from test_remote_checkpoint import HANG_AFTER_TWO_PARTS, PART, _big_state, _objects, kill_mid_upload  # noqa: E402
 from test_trainer import Group  # noqa: E402
 
 from spotrun.elastic.checkpoint import files, remote, remote_sharded  # noqa: E402
@@ -59,44 +57,20 @@ def test_a_large_shard_goes_up_in_parts_hashed_as_written_and_loads_back(
         remote.load_state(found)
 
 
-# Saves step 20 in 5 MiB parts, one at a time, and stops dead after the second part of its shard:
-# the parent SIGKILLs it there.
-KILLED_WRITER = """
-import sys, time, torch
-import spotrun.providers.aws.storage as s3
+KILLED_WRITER = (
+    HANG_AFTER_TWO_PARTS
+    + """
 from spotrun.elastic.checkpoint import remote_sharded
-sent = []
-original = s3.S3Multipart.put_part
-def put_part(self, *args):
-    etag = original(self, *args)
-    sent.append(etag)
-    if len(sent) == 2:
-        print("two parts sent", flush=True)
-        time.sleep(600)
-    return etag
-s3.S3Multipart.put_part = put_part
-state = {"w": torch.randn(3_150_000, generator=torch.Generator().manual_seed(20)), "seed": 20}
 remote_sharded.save_alone(sys.argv[1], 20, 2, state, 240)
 """
+)
 
 
 def test_writer_killed_mid_upload_leaves_no_checkpoint_and_the_next_save_cleans_up(
     url: str, env: dict[str, str], small_parts: dict[str, str], tmp_path: Path
 ) -> None:
     older = remote_sharded.save_alone(url, 10, 2, {"w": torch.arange(4.0)}, 120)
-    child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER, url],
-        # TMPDIR: the killed writer cannot remove its local staging dir.
-        env={**os.environ, **env, **small_parts, "SPOTRUN_STORAGE_PARTS_IN_FLIGHT": "1", "TMPDIR": str(tmp_path)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert child.stdout is not None and child.stderr is not None
-    line = child.stdout.readline()  # blocks until the second part is stored, or the child died
-    child.send_signal(signal.SIGKILL)
-    child.wait(timeout=30)
-    assert line == "two parts sent\n", child.stderr.read()
+    kill_mid_upload(KILLED_WRITER, url, env, small_parts, tmp_path)  # in the upload of its shard
     store, prefix = open_store(url)
     (upload,) = store.pending_uploads(prefix + "/")
     assert upload.name.startswith(f"{prefix}/step-000000020/shards-")

@@ -1,4 +1,4 @@
-"""Atomic, checksummed checkpoints on object storage (s3://, gs://, azure://), same API as checkpoint.py.
+"""Atomic, checksummed checkpoints on object storage (s3://, gs://, azure://), same API as files.py.
 
 A cloud run needs checkpoints a replacement VM in another zone (or cloud) can find, so they live
 in a bucket. Same guarantees as the local directory, by other means, since an object store has
@@ -16,11 +16,11 @@ no rename:
 - Two survivors writing the same step never mix: each manifest names its own objects, so
   whichever manifest lands last points at a whole checkpoint.
 - `write` is idempotent: a step that already verifies is kept.
-- Large state objects go up as parallel multipart uploads (providers/storage.py): an
-  unfinished one is no object at all, so a writer killed mid-upload leaves at most a step
-  without its state or manifest. `write` of step N aborts the unfinished uploads of every
-  older step (their writers are dead or superseded), never those of step N itself, which
-  another survivor may be writing right now.
+- Large objects (a state, a shard) go up as parallel multipart uploads (providers/storage.py):
+  an unfinished one is no object at all, so a writer killed mid-upload leaves at most a step
+  without some objects or its manifest. A write of step N (`write`, remote_sharded's saves)
+  aborts the unfinished uploads of every older step (their writers are dead or superseded),
+  never those of step N itself, which another survivor may be writing right now.
 
 Functions mirror spotrun/elastic/checkpoint/files.py (`write`, `publish`, `verify`, `steps`,
 `newest_valid`, `prune`, `load_state`; `Manifest.path` is the step's URL), so the trainer picks the
