@@ -45,7 +45,7 @@ def _full(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[
     return {"model": dict(model_state), "optimizer": dict(optim_state)}
 
 
-def _modules(location: str) -> tuple[object, object]:
+def _modules(location: str | Path) -> tuple[object, object]:
     """(the store: newest_valid, prune; the sharded writer: save, load) for a directory or a bucket URL."""
     store = remote.module_for(location)
     return store, remote_sharded if store is remote else sharded
@@ -92,8 +92,8 @@ def _worker(rank: int, world: int, port: int, location: str, out: str, parallel:
         dist.destroy_process_group()
 
 
-def _run(world: int, location: str, out: Path, parallel: str, mode: str) -> None:
-    mp.start_processes(_worker, args=(world, _free_port(), location, str(out), parallel, mode), nprocs=world)
+def _run(world: int, location: str | Path, out: Path, parallel: str, mode: str) -> None:
+    mp.start_processes(_worker, args=(world, _free_port(), str(location), str(out), parallel, mode), nprocs=world)
 
 
 def _assert_equal(expected: object, got: object, where: str = "") -> None:
@@ -117,7 +117,7 @@ def _assert_equal(expected: object, got: object, where: str = "") -> None:
 def test_written_at_world_3_loads_at_world_2_and_4_with_equal_state(
     tmp_path: Path, parallel: str, where: str, request: pytest.FixtureRequest
 ) -> None:
-    location = str(tmp_path / "ckpt") if where == "directory" else request.getfixturevalue("url")
+    location = tmp_path / "ckpt" if where == "directory" else request.getfixturevalue("url")
     store, _ = _modules(location)
     _run(3, location, tmp_path, parallel, "save")
     manifest = store.newest_valid(location)
