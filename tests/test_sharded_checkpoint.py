@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def _full(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[
     return {"model": dict(model_state), "optimizer": dict(optim_state)}
 
 
-def _modules(location: str | Path) -> tuple[object, object]:
+def _modules(location: str | Path) -> tuple[ModuleType, ModuleType]:
     """(the store: newest_valid, prune; the sharded writer: save, load) for a directory or a bucket URL."""
     store = remote.module_for(location)
     return store, remote_sharded if store is remote else sharded
