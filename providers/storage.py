@@ -263,12 +263,16 @@ class ObjectStore:
 
     def names(self, prefix: str) -> list[str]:
         """Names of every object under `prefix`."""
-        return [
-            obj.name
+        return list(self.sizes(prefix))
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Name -> size in bytes of every object under `prefix` (one listing, no object is read)."""
+        return {
+            obj.name: int(obj.size)
             for obj in self._call(
                 f"list {prefix}", lambda: list(self.driver.iterate_container_objects(self.container(), prefix=prefix))
             )
-        ]
+        }
 
     def delete(self, name: str) -> None:
         """Delete object `name`; a missing one is fine."""

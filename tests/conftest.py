@@ -92,3 +92,39 @@ def moto_url() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+# Object storage: moto's S3 server (moto_url) through libcloud, as tests/test_remote*_checkpoint.py use it.
+@pytest.fixture
+def env(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The AWS credentials and S3 endpoint of moto's server, set in this process's environment."""
+    values = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "SPOTRUN_S3_ENDPOINT_URL": moto_url,
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    return values
+
+
+@pytest.fixture
+def url(env: dict[str, str]) -> str:
+    """A checkpoint location in a new, empty bucket: s3://<bucket>/runs/llm."""
+    from spotrun.providers.storage import open_store
+
+    bucket = f"ckpt-{uuid.uuid4().hex[:10]}"
+    store, _ = open_store(f"s3://{bucket}")
+    store.driver.create_container(bucket)
+    return f"s3://{bucket}/runs/llm"
+
+
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Multipart uploads in 5 MiB parts (S3's smallest but the last), two in flight."""
+    values = {"SPOTRUN_STORAGE_PART_BYTES": str(5 * 2**20), "SPOTRUN_STORAGE_PARTS_IN_FLIGHT": "2"}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    return values

@@ -101,7 +101,7 @@ def _final(path: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_agreed_checkpoint_goes_through_host_memory_and_a_joiner_receives_it(tmp_path: Path) -> None:
     mem = [tmp_path / f"mem-{n}" for n in ("a", "b", "c", "joiner")]
-    first = Group(tmp_path, 3, 40, "first", memory=mem[:3], extra=MOMENTUM)
+    first = Group(tmp_path, 3, 40, "first", memory=mem[:3], args=MOMENTUM)
     first.wait_for_step(10)
     ControlWriter(first.controls[2]).request(ControlCommand.LEAVE, "node-2")
     assert first.wait() == [ExitCode.REFORM] * 3
@@ -112,7 +112,7 @@ def test_agreed_checkpoint_goes_through_host_memory_and_a_joiner_receives_it(tmp
 
     # Node c left; a new node (no snapshot) joins: ranks 0 and 1 hold the step, rank 2 receives it.
     second = Group(
-        tmp_path, 3, 40, "second", memory=[mem[0], mem[1], mem[3]], extra=(*MOMENTUM, "--final", str(tmp_path / "f.pt"))
+        tmp_path, 3, 40, "second", memory=[mem[0], mem[1], mem[3]], args=(*MOMENTUM, "--final", str(tmp_path / "f.pt"))
     )
     assert second.wait() == [0, 0, 0]
     assert second.steps(0)[0] == second.steps(2)[0] == done + 1
@@ -122,7 +122,7 @@ def test_agreed_checkpoint_goes_through_host_memory_and_a_joiner_receives_it(tmp
 
     # The same job undisturbed: the same parameters (momentum included), within float tolerance.
     (tmp_path / "calm").mkdir()
-    calm = Group(tmp_path / "calm", 3, 40, "calm", extra=(*MOMENTUM, "--final", str(tmp_path / "calm.pt")))
+    calm = Group(tmp_path / "calm", 3, 40, "calm", args=(*MOMENTUM, "--final", str(tmp_path / "calm.pt")))
     assert calm.wait() == [0, 0, 0]
     got, want = _final(tmp_path / "f.pt"), _final(tmp_path / "calm.pt")
     assert got.keys() == want.keys()
@@ -132,7 +132,7 @@ def test_agreed_checkpoint_goes_through_host_memory_and_a_joiner_receives_it(tmp
 @pytest.mark.slow
 def test_after_a_hard_kill_the_survivor_resumes_from_memory_whatever_rank_it_held(tmp_path: Path) -> None:
     mem = [tmp_path / "mem-a", tmp_path / "mem-b", tmp_path / "mem-new"]
-    group = Group(tmp_path, 2, 400, "kill", memory=mem[:2], extra=MOMENTUM)
+    group = Group(tmp_path, 2, 400, "kill", memory=mem[:2], args=MOMENTUM)
     group.wait_for_step(8)
     os.killpg(group.procs[0].pid, signal.SIGKILL)  # global rank 0 dies
     assert group.procs[1].wait(60) == ExitCode.REFORM
@@ -143,7 +143,7 @@ def test_after_a_hard_kill_the_survivor_resumes_from_memory_whatever_rank_it_hel
     assert durable is None or durable.step < survivor_last
 
     # The survivor becomes rank 1 of the new group, the replacement rank 0: rank 0 receives.
-    resumed = Group(tmp_path, 2, survivor_last + 3, "after", memory=[mem[2], mem[1]], extra=MOMENTUM)
+    resumed = Group(tmp_path, 2, survivor_last + 3, "after", memory=[mem[2], mem[1]], args=MOMENTUM)
     assert resumed.wait() == [0, 0]
     assert resumed.steps(0) == [survivor_last + 1, survivor_last + 2, survivor_last + 3]
     assert "1 received it" in resumed.logs[0].read_text()

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -22,28 +21,6 @@ from spotrun.providers.storage import open_store  # noqa: E402  (after the skips
 
 from spotrun.elastic.checkpoint import files as checkpoint  # noqa: E402
 from spotrun.elastic.checkpoint import remote as remote_checkpoint  # noqa: E402
-
-
-@pytest.fixture
-def env(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "SPOTRUN_S3_ENDPOINT_URL": moto_url,
-    }
-    for name, value in values.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    return values
-
-
-@pytest.fixture
-def url(env: dict[str, str]) -> str:
-    bucket = f"ckpt-{uuid.uuid4().hex[:10]}"
-    store, _ = open_store(f"s3://{bucket}")
-    store.driver.create_container(bucket)
-    return f"s3://{bucket}/runs/llm"
 
 
 def _save(value):
@@ -190,15 +167,7 @@ def test_missing_bucket_and_bad_scheme_are_one_line(env: dict[str, str]) -> None
     assert warnings and "\n" not in warnings[0]
 
 
-PART = 5 * 2**20  # S3's (and moto's) smallest part but the last
-
-
-@pytest.fixture
-def small_parts(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {"SPOTRUN_STORAGE_PART_BYTES": str(PART), "SPOTRUN_STORAGE_PARTS_IN_FLIGHT": "2"}
-    for name, value in values.items():
-        monkeypatch.setenv(name, value)
-    return values
+PART = 5 * 2**20  # S3's (and moto's) smallest part but the last: the small_parts fixture's part size
 
 
 def _big_state(seed: int) -> dict:
@@ -245,12 +214,11 @@ def test_multipart_upload_spans_parts_and_reads_back_equal(
     assert most[0] == 2  # parallel, and never more than SPOTRUN_STORAGE_PARTS_IN_FLIGHT
 
 
-# Uploads step 20 in 5 MiB parts, one at a time, and stops dead after the second part: the
-# parent SIGKILLs it there.
-KILLED_WRITER = """
+# The start of a writer script that uploads in 5 MiB parts, one at a time, and stops dead after
+# the second part (kill_mid_upload SIGKILLs it there); `state` is what it writes, as step 20.
+HANG_AFTER_TWO_PARTS = """
 import sys, time, torch
 import spotrun.providers.aws.storage as s3
-from spotrun.elastic.checkpoint import remote as remote_checkpoint
 sent = []
 original = s3.S3Multipart.put_part
 def put_part(self, *args):
@@ -262,16 +230,21 @@ def put_part(self, *args):
     return etag
 s3.S3Multipart.put_part = put_part
 state = {"w": torch.randn(3_150_000, generator=torch.Generator().manual_seed(20)), "seed": 20}
-remote_checkpoint.write(sys.argv[1], 20, 2, lambda p: torch.save(state, p))
 """
 
+KILLED_WRITER = (
+    HANG_AFTER_TWO_PARTS
+    + """
+from spotrun.elastic.checkpoint import remote as remote_checkpoint
+remote_checkpoint.write(sys.argv[1], 20, 2, lambda p: torch.save(state, p))
+"""
+)
 
-def test_writer_killed_mid_upload_leaves_no_checkpoint_and_the_next_write_cleans_up(
-    url: str, env: dict[str, str], small_parts: dict[str, str], tmp_path: Path
-) -> None:
-    remote_checkpoint.write(url, 10, 2, _save(10))
+
+def kill_mid_upload(script: str, url: str, env: dict[str, str], small_parts: dict[str, str], tmp_path: Path) -> None:
+    """Run `script` (HANG_AFTER_TWO_PARTS and a write to `url`) and SIGKILL it once two parts are up."""
     child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER, url],
+        [sys.executable, "-c", script, url],
         # TMPDIR: the killed writer cannot remove its local copy of the state.
         env={**os.environ, **env, **small_parts, "SPOTRUN_STORAGE_PARTS_IN_FLIGHT": "1", "TMPDIR": str(tmp_path)},
         stdout=subprocess.PIPE,
@@ -283,6 +256,13 @@ def test_writer_killed_mid_upload_leaves_no_checkpoint_and_the_next_write_cleans
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
     assert line == "two parts sent\n", child.stderr.read()
+
+
+def test_writer_killed_mid_upload_leaves_no_checkpoint_and_the_next_write_cleans_up(
+    url: str, env: dict[str, str], small_parts: dict[str, str], tmp_path: Path
+) -> None:
+    remote_checkpoint.write(url, 10, 2, _save(10))
+    kill_mid_upload(KILLED_WRITER, url, env, small_parts, tmp_path)
     store, prefix = open_store(url)
     (upload,) = store.pending_uploads(prefix + "/")
     assert upload.name.startswith(f"{prefix}/step-000000020/state-")

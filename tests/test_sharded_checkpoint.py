@@ -1,10 +1,12 @@
-"""Sharded (DCP) checkpoints with real gloo process groups: written at one world size, loaded at another."""
+"""Sharded (DCP) checkpoints with real gloo process groups: written at one world size, loaded at another,
+in a directory and on object storage (moto's S3 server)."""
 
 from __future__ import annotations
 
 import os
 import socket
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from spotrun.elastic import wrapping
-from spotrun.elastic.checkpoint import files, sharded
+from spotrun.elastic.checkpoint import files, remote, remote_sharded, sharded
 
 STEP, SAMPLES_SEEN = 7, 84
 
@@ -44,14 +46,21 @@ def _full(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[
     return {"model": dict(model_state), "optimizer": dict(optim_state)}
 
 
-def _worker(rank: int, world: int, port: int, directory: str, parallel: str, mode: str) -> None:
+def _modules(location: str | Path) -> tuple[ModuleType, ModuleType]:
+    """(the store: newest_valid, prune; the sharded writer: save, load) for a directory or a bucket URL."""
+    store = remote.module_for(location)
+    return store, remote_sharded if store is remote else sharded
+
+
+def _worker(rank: int, world: int, port: int, location: str, out: str, parallel: str, mode: str) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    store, writer = _modules(location)
     try:
         model, optimizer = _trained(parallel)
-        ckpt = Path(directory)
+        ckpt = location if store is remote else Path(location)
         if mode == "save":
             # FSDP averages the ranks' gradients; plain replicas (DDP's) must see the same data to stay equal.
             torch.manual_seed(1 + rank if parallel == "fsdp" else 1)
@@ -62,21 +71,21 @@ def _worker(rank: int, world: int, port: int, directory: str, parallel: str, mod
             model_state, optim_state = get_state_dict(model, optimizer)
             staged = sharded.stage({"model": model_state, "optimizer": optim_state}, sharded.stager())
             group = dist.new_group(backend="gloo")
-            manifest = sharded.save(ckpt, STEP, world, staged, SAMPLES_SEEN, group)
+            manifest = writer.save(ckpt, STEP, world, staged, SAMPLES_SEEN, group)
             assert (manifest is not None) == (rank == 0)
             full = _full(model, optimizer)
             if rank == 0:
-                torch.save(full, ckpt / "expected.pt")
+                torch.save(full, Path(out) / "expected.pt")
         else:
-            manifest = files.newest_valid(ckpt)
+            manifest = store.newest_valid(ckpt)
             assert manifest is not None and manifest.step == STEP and manifest.samples_seen == SAMPLES_SEEN
             model_state, optim_state = get_state_dict(model, optimizer)
             state = {"model": model_state, "optimizer": optim_state}
-            sharded.load(manifest, state)
+            writer.load(manifest, state)
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
             full = _full(model, optimizer)
             if rank == 0:
-                torch.save(full, ckpt / f"loaded-{world}.pt")
+                torch.save(full, Path(out) / f"loaded-{world}.pt")
         # Every rank done with its collectives before any tears the group down (as the trainer's
         # finish() does): a peer closing its gloo pairs under a pending op aborts the process.
         dist.barrier()
@@ -84,8 +93,8 @@ def _worker(rank: int, world: int, port: int, directory: str, parallel: str, mod
         dist.destroy_process_group()
 
 
-def _run(world: int, directory: Path, parallel: str, mode: str) -> None:
-    mp.start_processes(_worker, args=(world, _free_port(), str(directory), parallel, mode), nprocs=world)
+def _run(world: int, location: str | Path, out: Path, parallel: str, mode: str) -> None:
+    mp.start_processes(_worker, args=(world, _free_port(), str(location), str(out), parallel, mode), nprocs=world)
 
 
 def _assert_equal(expected: object, got: object, where: str = "") -> None:
@@ -104,19 +113,25 @@ def _assert_equal(expected: object, got: object, where: str = "") -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("where", ["directory", "s3"])
 @pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
-def test_written_at_world_3_loads_at_world_2_and_4_with_equal_state(tmp_path: Path, parallel: str) -> None:
-    _run(3, tmp_path, parallel, "save")
-    manifest = files.newest_valid(tmp_path)
+def test_written_at_world_3_loads_at_world_2_and_4_with_equal_state(
+    tmp_path: Path, parallel: str, where: str, request: pytest.FixtureRequest
+) -> None:
+    location = tmp_path / "ckpt" if where == "directory" else request.getfixturevalue("url")
+    store, _ = _modules(location)
+    _run(3, location, tmp_path, parallel, "save")
+    manifest = store.newest_valid(location)
     assert isinstance(manifest, files.ShardedManifest) and manifest.world_size == 3
-    assert sharded.METADATA_FILE in manifest.files
+    written = {name.rsplit("/", 1)[-1] for name in manifest.files}  # on S3 under the writer's own dir
+    assert sharded.METADATA_FILE in written
     assert manifest.bytes == sum(size for size, _ in manifest.files.values())
     if parallel == "fsdp":  # every rank wrote its own shard
-        assert {f"__{rank}_0.distcp" for rank in range(3)} <= set(manifest.files)
+        assert {f"__{rank}_0.distcp" for rank in range(3)} <= written
     expected = torch.load(tmp_path / "expected.pt", weights_only=False)
     assert expected["optimizer"]["state"], "the optimizer state should not be empty"
     for world in (2, 4):
-        _run(world, tmp_path, parallel, "load")
+        _run(world, location, tmp_path, parallel, "load")
         _assert_equal(expected, torch.load(tmp_path / f"loaded-{world}.pt", weights_only=False), f"world {world}")
 
 

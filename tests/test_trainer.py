@@ -30,9 +30,17 @@ class Group:
     """`world` ranks of the test job as plain processes (what torchrun would start)."""
 
     def __init__(
-        self, tmp: Path, world: int, steps: int, tag: str, memory: list[Path] | None = None, extra: tuple[str, ...] = ()
+        self,
+        tmp: Path,
+        world: int,
+        steps: int,
+        tag: str,
+        location: str | None = None,
+        args: tuple[str, ...] = (),
+        memory: list[Path] | None = None,
     ) -> None:
-        """`memory[rank]`: that rank's node memory directory (host snapshots), as the agent sets it."""
+        """`location`: the checkpoint dir or URL (tmp/ckpt by default); `args`: more arguments for steps.py;
+        `memory[rank]`: that rank's node memory directory (host snapshots), as the agent sets it."""
         self.tmp, self.world, self.tag = tmp, world, tag
         port = _free_port()
         self.logs = [tmp / f"{tag}-rank{r}.log" for r in range(world)]
@@ -46,7 +54,7 @@ class Group:
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
                 "LOCAL_RANK": "0",
-                "SPOTRUN_CHECKPOINT_DIR": str(tmp / "ckpt"),
+                "SPOTRUN_CHECKPOINT_DIR": location or str(tmp / "ckpt"),
                 "SPOTRUN_CONTROL_FILE": str(self.controls[rank]),
                 "SPOTRUN_PROGRESS_FILE": str(tmp / f"progress-{rank}.json"),
                 "SPOTRUN_COLLECTIVE_TIMEOUT_S": "30",
@@ -66,7 +74,7 @@ class Group:
                             str(BATCH),
                             "--samples",
                             str(SAMPLES),
-                            *extra,
+                            *args,
                         ],
                         env=env,
                         stdout=out,

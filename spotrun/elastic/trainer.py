@@ -28,9 +28,9 @@ optimizer built after sharding, so pass a factory and use `t.optimizer`:
 
     t = ElasticTrainer(model, lambda params: torch.optim.AdamW(params, lr=3e-4), parallel="fsdp", ...)
 
-In a checkpoint directory the checkpoints are sharded (spotrun.elastic.checkpoint.sharded: every
-rank writes its own shard, loaded at any world size); on object storage rank 0 writes one full
-state (DDP only).
+Checkpoints are sharded, DDP and FSDP alike: every rank writes its own shard, loaded at any world
+size (spotrun.elastic.checkpoint.sharded in a directory; remote_sharded on object storage, where
+each rank uploads its shard in parallel).
 
 Configuration comes from arguments or from the environment the node agent sets:
 SPOTRUN_CHECKPOINT_DIR, SPOTRUN_CHECKPOINT_EVERY_STEPS, SPOTRUN_CHECKPOINT_EVERY_SECONDS,
@@ -59,7 +59,7 @@ import torch.distributed as dist
 
 from spotrun.elastic import devices, handoff, wrapping
 from spotrun.elastic.checkpoint import files as checkpoint
-from spotrun.elastic.checkpoint import memory, sharded
+from spotrun.elastic.checkpoint import memory, remote_sharded, sharded
 from spotrun.elastic.checkpoint import remote as remote_checkpoint
 from spotrun.node import protocol
 
@@ -115,11 +115,9 @@ class ElasticTrainer:
         self.every_steps = every_steps or _env(protocol.CHECKPOINT_EVERY_STEPS_ENV, int, None)
         self.every_seconds = every_seconds or _env(protocol.CHECKPOINT_EVERY_SECONDS_ENV, float, None)
         self.keep = keep or _env(protocol.CHECKPOINT_KEEP_ENV, int, 3)
-        # A directory gets sharded (DCP) checkpoints; object storage still one full state by rank 0.
-        self._sharded = self._store is checkpoint
+        # Sharded (DCP) checkpoints in a directory and on object storage: the same calls, another module.
+        self._shards = remote_sharded if self._store is remote_checkpoint else sharded
         self._fsdp = wrapping.is_fsdp(parallel)
-        if self._fsdp and not self._sharded:
-            raise ValueError(f"FSDP checkpoints need a directory every node reaches, not {location}")
         self.raw_model = model.to(self.device)  # in place: parameters an optimizer holds move with it
         self.model = wrapping.fully_shard_model(model, parallel) if self._fsdp else model
         self.optimizer = wrapping.build_optimizer(optimizer, self.model, self._fsdp)
@@ -130,8 +128,8 @@ class ElasticTrainer:
         self._local_zero = os.environ.get("LOCAL_RANK", "0") == "0"  # writes the node's host snapshot
         self._reserver = memory.Reserver()
         # Background checkpoint writes coordinate on their own group, never interleaving with training's.
-        self._checkpoint_group = dist.new_group(backend="gloo") if self._sharded else None
-        self._stager = sharded.stager() if self._sharded else None
+        self._checkpoint_group = dist.new_group(backend="gloo")
+        self._stager = sharded.stager()
         self.step = 0
         self.samples_seen = 0
         self._orders: dict[int, torch.Tensor] = {}
@@ -190,8 +188,7 @@ class ElasticTrainer:
         due = due_by_time or self._durable_due or (self.every_steps is not None and self.step % self.every_steps == 0)
         if due and not busy:
             self._durable_due = False
-            if self._sharded or self.rank == 0:
-                self._writer.submit(self._snapshot(staged=True), self._write_and_prune)
+            self._writer.submit(self._snapshot(staged=True), self._write_and_prune)
             self._last_save_at = time.monotonic()
 
     def finish(self) -> None:
@@ -234,11 +231,11 @@ class ElasticTrainer:
         manifest = found[0]
         if manifest is None:
             return
-        if self._sharded:
+        if isinstance(manifest, checkpoint.ShardedManifest):  # else a state.pt of an earlier version
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
             state = self._state_dict()
-            sharded.load(manifest, state)  # resharded to this world size
+            self._shards.load(manifest, state)  # resharded to this world size
             set_state_dict(
                 self.raw_model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
             )
@@ -325,49 +322,25 @@ class ElasticTrainer:
         return {"model": model, "optimizer": optim}
 
     def _snapshot(self, staged: bool = False) -> dict[str, Any]:
-        """Everything needed to resume. Sharded: with `staged`, a host copy safe to write from another
-        thread while training goes on, else (a save on this thread) the live state, no copy. For
-        object storage always a host copy (never a second copy on the device)."""
+        """Everything needed to resume: with `staged`, a host copy safe to write from another thread
+        while training goes on, else (a save on this thread) the live state, no copy."""
         progress = {"step": self.step, "samples_seen": self.samples_seen, "world_size": self.world_size}
-        if self._sharded:
-            state = self._state_dict()
-            if staged:
-                assert self._stager is not None
-                state = sharded.stage(state, self._stager)
-            return {"dcp": state, **progress}
-        clone = lambda v: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v  # noqa: E731 (host, not device)
-        optim = self.optimizer.state_dict()
-        return {
-            "model": {k: clone(v) for k, v in self.raw_model.state_dict().items()},
-            "optimizer": {
-                "state": {k: {n: clone(t) for n, t in s.items()} for k, s in optim["state"].items()},
-                "param_groups": optim["param_groups"],
-            },
-            **progress,
-        }
+        state = self._state_dict()
+        if staged:
+            state = sharded.stage(state, self._stager)
+        return {"dcp": state, **progress}
 
     def _write_and_prune(self, state: dict[str, Any]) -> None:
-        """Write `state` (a `_snapshot`): sharded, collective on every rank; else by rank 0 alone."""
+        """Write `state` (a `_snapshot`): collective on every rank."""
         started = time.monotonic()
-        manifest: checkpoint.Manifest | None
-        if self._sharded:
-            assert self._checkpoint_group is not None
-            manifest = sharded.save(
-                Path(self.checkpoint_dir),
-                state["step"],
-                state["world_size"],
-                state["dcp"],
-                state["samples_seen"],
-                self._checkpoint_group,
-            )
-        else:
-            manifest = self._store.write(
-                self.checkpoint_dir,
-                state["step"],
-                state["world_size"],
-                lambda path: torch.save(state, path),
-                state["samples_seen"],
-            )
+        manifest = self._shards.save(
+            self.checkpoint_dir,
+            state["step"],
+            state["world_size"],
+            state["dcp"],
+            state["samples_seen"],
+            self._checkpoint_group,
+        )
         if manifest is None:  # written by rank 0, or there already
             return
         took = time.monotonic() - started
@@ -376,8 +349,7 @@ class ElasticTrainer:
 
     def _save_sync(self) -> None:
         self._writer.wait()
-        if self._sharded or self.rank == 0:
-            self._write_and_prune(self._snapshot())
+        self._write_and_prune(self._snapshot())
 
     def _agree(self) -> tuple[bool, bool, bool]:
         """One tiny all_reduce per step, so every rank takes the same checkpoint decisions (a sharded
@@ -401,18 +373,15 @@ class ElasticTrainer:
                 self._save_to_memory()  # survivors go on from it; durable in the background afterwards
             elif self.step > 0 and self._fsdp:
                 _say("FSDP shards of the lost peer are gone: the job resumes from the newest checkpoint")
-            elif self.step > 0 and self._sharded:
+            elif self.step > 0:
                 # No collective: a background write, if any, fails on the dead peer by itself.
                 state = self._snapshot()
                 started = time.monotonic()
-                manifest = sharded.save_alone(
-                    Path(self.checkpoint_dir), self.step, self.world_size, state["dcp"], self.samples_seen
+                manifest = self._shards.save_alone(
+                    self.checkpoint_dir, self.step, self.world_size, state["dcp"], self.samples_seen
                 )
                 self._store.prune(self.checkpoint_dir, self.keep)
                 self._progress.checkpointed(manifest, time.monotonic() - started)
-            elif self.step > 0:
-                self._writer.wait()
-                self._write_and_prune(self._snapshot())
         finally:
             self._exit(protocol.ExitCode.REFORM)
 

@@ -113,23 +113,22 @@ def publish(
     manifest of `files` (name -> bytes, sha256, computed by their writers; nothing is re-hashed
     here) and renames the directory into place. Call once every file is written (fsynced).
     Idempotent: a valid checkpoint of the same step another writer published first is kept."""
-    listing = sorted(files.items())
-    digest = hashlib.sha256("".join(f"{name} {size} {sha}\n" for name, (size, sha) in listing).encode())
-    final = tmp.parent / _name(step)
-    manifest = ShardedManifest(
-        step,
-        world_size,
-        sum(size for _, (size, _) in listing),
-        digest.hexdigest(),
-        time.time(),
-        str(final),
-        samples_seen,
-        dict(listing),
-    )
+    manifest = sharded_manifest(step, world_size, files, samples_seen, str(tmp.parent / _name(step)))
     try:
         return _publish(tmp, manifest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sharded_manifest(
+    step: int, world_size: int, files: dict[str, tuple[int, str]], samples_seen: int, path: str
+) -> ShardedManifest:
+    """The manifest of a sharded checkpoint at `path` made of `files` (name -> bytes, sha256),
+    written now: `bytes` is their total, `sha256` the digest of the sorted listing."""
+    listing = sorted(files.items())
+    digest = hashlib.sha256("".join(f"{name} {size} {sha}\n" for name, (size, sha) in listing).encode())
+    total = sum(size for _, (size, _) in listing)
+    return ShardedManifest(step, world_size, total, digest.hexdigest(), time.time(), path, samples_seen, dict(listing))
 
 
 def _publish(tmp: Path, manifest: Manifest) -> Manifest:
@@ -164,13 +163,21 @@ def verify(path: Path) -> Manifest | None:
 def _read(path: Path) -> Manifest | None:
     """The manifest of checkpoint dir `path` if it parses, else None (nothing else is checked)."""
     try:
-        data = json.loads((path / MANIFEST_FILE).read_text())
+        return parse(json.loads((path / MANIFEST_FILE).read_text()), str(path))
+    except (OSError, ValueError):
+        return None
+
+
+def parse(data: Any, path: str) -> Manifest:
+    """The manifest a manifest.json holds (`data`, parsed JSON), found at `path`: a ShardedManifest
+    when it lists files, else a single-state Manifest. Raises ValueError for anything else."""
+    try:
         if "files" in data:
             files = {str(name): (int(size), str(digest)) for name, (size, digest) in data["files"].items()}
-            return ShardedManifest(**{**data, "path": str(path), "files": files})
-        return Manifest(**{**data, "path": str(path)})
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
+            return ShardedManifest(**{**data, "path": path, "files": files})
+        return Manifest(**{**data, "path": path})
+    except (TypeError, AttributeError) as exc:
+        raise ValueError(f"not a checkpoint manifest: {exc}") from exc
 
 
 def _listing(manifest: Manifest) -> dict[str, tuple[int, str]]:

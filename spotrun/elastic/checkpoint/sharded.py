@@ -68,7 +68,7 @@ def save(
     dist.broadcast_object_list(decision, src=dist.get_global_rank(group, 0), group=group)
     if decision[0] is None:
         return None
-    writer = _HashingWriter(Path(decision[0]))
+    writer = HashingWriter(Path(decision[0]))
     dcp.save(state, storage_writer=writer, process_group=group)
     # dcp.save returned on every rank: every shard and .metadata are written and fsynced.
     mine = writer.fs.written
@@ -89,7 +89,7 @@ def save_alone(directory: Path, step: int, world_size: int, state: dict[str, Any
     final = files.step_path(directory, step)
     if (existing := files.verify(final)) is not None:
         return existing
-    writer = _HashingWriter(files.temp_dir(directory, step))
+    writer = HashingWriter(files.temp_dir(directory, step))
     dcp.save(state, storage_writer=writer, no_dist=True)
     return files.publish(writer.directory, step, world_size, writer.fs.written, samples_seen)
 
@@ -142,7 +142,7 @@ class _HashingFileSystem(FileSystem):
             self.written[Path(new_path).name] = entry
 
 
-class _HashingWriter(dcp.FileSystemWriter):
+class HashingWriter(dcp.FileSystemWriter):
     """FileSystemWriter (one file per rank, fsynced) that hashes what it writes: see _HashingFileSystem."""
 
     fs: _HashingFileSystem
