@@ -69,7 +69,10 @@ def _worker(rank: int, world: int, port: int, location: str, out: str, parallel:
                 optimizer.step()
                 optimizer.zero_grad()
             model_state, optim_state = get_state_dict(model, optimizer)
-            staged = sharded.stage({"model": model_state, "optimizer": optim_state}, sharded.stager())
+            state = {"model": model_state, "optimizer": optim_state}
+            if parallel == "ddp":  # as the trainer saves a replica: each rank its part
+                state = sharded.replica_part(state, rank, world)
+            staged = sharded.stage(state, sharded.stager())
             group = dist.new_group(backend="gloo")
             manifest = writer.save(ckpt, STEP, world, staged, SAMPLES_SEEN, group)
             assert (manifest is not None) == (rank == 0)
@@ -161,3 +164,22 @@ def test_staging_copies_to_host_and_reuses_its_buffers() -> None:
     assert torch.equal(first, torch.arange(4.0))
     second = sharded.stage({"w": weight}, stager)["w"]
     assert torch.equal(second, weight) and second.data_ptr() == first.data_ptr(), "the host buffer is reused"
+
+
+def test_replica_part_spreads_every_tensor_once_over_the_ranks() -> None:
+    state = {
+        "model": {f"w{i}": torch.zeros(10 * (i + 1)) for i in range(7)},
+        "optimizer": {
+            "state": {"w0": {"exp_avg": torch.zeros(5), "step": torch.tensor(3.0)}},
+            "param_groups": [{"lr": 1}],
+        },
+    }
+    parts = [sharded.replica_part(state, rank, 3) for rank in range(3)]
+    names = lambda part: [*part["model"], *(f"o.{k}" for k in part["optimizer"]["state"].get("w0", {}))]  # noqa: E731
+    owned = [name for part in parts for name in names(part)]
+    assert sorted(owned) == sorted([*state["model"], "o.exp_avg", "o.step"]), "a tensor written twice or never"
+    sizes = [sum(t.numel() for t in part["model"].values()) for part in parts]
+    assert max(sizes) - min(sizes) <= 40, f"unbalanced: {sizes}"
+    assert all(part["optimizer"]["param_groups"] == [{"lr": 1}] for part in parts), "plain values go to every rank"
+    assert parts == [sharded.replica_part(state, rank, 3) for rank in range(3)], "not deterministic"
+    assert sharded.replica_part(state, 0, 1)["model"].keys() == state["model"].keys()

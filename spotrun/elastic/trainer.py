@@ -41,6 +41,7 @@ A checkpoint location may be a directory or an object-storage URL (s3://bucket/p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -64,6 +65,7 @@ from spotrun.elastic.checkpoint import remote as remote_checkpoint
 from spotrun.node import protocol
 
 STORE_POLL_S = 0.01
+WRITER_NICE = 10  # the background checkpoint writer's nice value (the training thread keeps its own)
 SNAPSHOT_WAIT_S = 30.0  # how long a node's other workers wait for local rank 0's host snapshot
 
 _T = TypeVar("_T")
@@ -321,11 +323,15 @@ class ElasticTrainer:
         model, optim = get_state_dict(self.raw_model, self.optimizer)
         return {"model": model, "optimizer": optim}
 
-    def _snapshot(self, staged: bool = False) -> dict[str, Any]:
-        """Everything needed to resume: with `staged`, a host copy safe to write from another thread
-        while training goes on, else (a save on this thread) the live state, no copy."""
+    def _snapshot(self, staged: bool = False, whole: bool = False) -> dict[str, Any]:
+        """What this rank writes of a checkpoint: with `staged`, a host copy safe to write from another
+        thread while training goes on, else (a save on this thread) the live state, no copy. A DDP
+        rank takes only its part of the replica (sharded.replica_part), unless `whole` (a survivor
+        saving alone); an FSDP rank holds its own shards only."""
         progress = {"step": self.step, "samples_seen": self.samples_seen, "world_size": self.world_size}
         state = self._state_dict()
+        if not self._fsdp and not whole and self.world_size > 1:
+            state = sharded.replica_part(state, self.rank, self.world_size)
         if staged:
             state = sharded.stage(state, self._stager)
         return {"dcp": state, **progress}
@@ -375,7 +381,7 @@ class ElasticTrainer:
                 _say("FSDP shards of the lost peer are gone: the job resumes from the newest checkpoint")
             elif self.step > 0:
                 # No collective: a background write, if any, fails on the dead peer by itself.
-                state = self._snapshot()
+                state = self._snapshot(whole=True)
                 started = time.monotonic()
                 manifest = self._shards.save_alone(
                     self.checkpoint_dir, self.step, self.world_size, state["dcp"], self.samples_seen
@@ -469,6 +475,15 @@ class _ProgressFile:
         protocol.write_progress(self.path, dataclasses.replace(self._latest, checkpoint=self._checkpoint))
 
 
+def _yielding(write: Callable[[dict[str, Any]], None], state: dict[str, Any]) -> None:
+    """Run `write(state)` on this thread at a lower CPU priority (Linux sets a nice value per thread),
+    so on a VM whose cores the training keeps busy the background write takes the spare cycles
+    instead of stretching steps."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+    write(state)
+
+
 class _AsyncWriter:
     """One background write at a time; a new request while one runs is dropped (the next is due soon)."""
 
@@ -481,7 +496,7 @@ class _AsyncWriter:
     def submit(self, state: dict[str, Any], write: Callable[[dict[str, Any]], None]) -> None:
         if self.busy():
             return
-        self._thread = threading.Thread(target=write, args=(state,), name="checkpoint-writer", daemon=True)
+        self._thread = threading.Thread(target=_yielding, args=(write, state), name="checkpoint-writer", daemon=True)
         self._thread.start()
 
     def wait(self) -> None:

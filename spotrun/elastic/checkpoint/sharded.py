@@ -52,6 +52,43 @@ def stage(state: dict[str, Any], into: DefaultStager) -> dict[str, Any]:
     return staged
 
 
+def replica_part(state: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """The part of a replicated state (DDP: every rank holds all of it) that `rank` writes: its tensors
+    spread over the ranks by size (largest first, each to the least loaded rank), plain values on
+    every rank (DCP keeps one copy). Every rank computes the same split, with no collective; a rank
+    then stages and writes only its part (1/world of the state, not all of it), and a load at any
+    world size reads each tensor wherever it was written."""
+    leaves: list[tuple[tuple[str, ...], int]] = []
+
+    def collect(node: dict[str, Any], path: tuple[str, ...]) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                collect(value, (*path, str(key)))
+            elif torch.is_tensor(value):
+                leaves.append(((*path, str(key)), value.numel() * value.element_size()))
+
+    collect(state, ())
+    load = [0] * world_size
+    mine: set[tuple[str, ...]] = set()
+    for path, size in sorted(leaves, key=lambda leaf: (-leaf[1], leaf[0])):
+        owner = load.index(min(load))
+        load[owner] += size
+        if owner == rank:
+            mine.add(path)
+
+    def keep(node: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            here = (*path, str(key))
+            if isinstance(value, dict):
+                out[key] = keep(value, here)
+            elif not torch.is_tensor(value) or here in mine:
+                out[key] = value
+        return out
+
+    return keep(state, ())
+
+
 def save(
     directory: Path, step: int, world_size: int, state: dict[str, Any], samples_seen: int, group: dist.ProcessGroup
 ) -> files.Manifest | None:
