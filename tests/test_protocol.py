@@ -64,3 +64,22 @@ def test_protocol_imports_only_the_standard_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(["spotrun", "spotrun.node", "spotrun.node.protocol"])
+
+
+def test_the_leave_margin_follows_what_a_leave_costs() -> None:
+    from spotrun.node.agent import DEFAULT_LEAVE_MARGIN_S, MIN_LEAVE_MARGIN_S, leave_margin
+
+    live = ProgressReport(step=40, live_recovery=True, step_s=1.5)
+    assert leave_margin(live, checkpoint_s=4.0) == 4.0, "live recovery: a second plus two steps, not the save"
+    assert leave_margin(ProgressReport(step=40, live_recovery=True, step_s=0.01), 4.0) == MIN_LEAVE_MARGIN_S
+    storage = ProgressReport(step=40, step_s=1.5)
+    assert leave_margin(storage, checkpoint_s=4.0) == 13.0, "through storage: three saves plus a second"
+    assert leave_margin(storage, checkpoint_s=None) == DEFAULT_LEAVE_MARGIN_S
+    assert leave_margin(None, checkpoint_s=0.1) == MIN_LEAVE_MARGIN_S
+
+
+def test_progress_reports_say_whether_the_state_survives_in_memory(tmp_path: Path) -> None:
+    path = tmp_path / "progress.json"
+    write_progress(path, ProgressReport(step=3, live_recovery=True, step_s=0.25))
+    got = read_progress(path)
+    assert got is not None and got.live_recovery and got.step_s == 0.25

@@ -138,7 +138,9 @@ class ElasticTrainer:
         self.resumed_from: int | None = None
         self._control = protocol.ControlReader(_env(protocol.CONTROL_FILE_ENV, Path, None))
         # One reporter per node: local rank 0 (the agent publishes one progress record per node).
-        self._progress = _ProgressFile(_env(protocol.PROGRESS_FILE_ENV, Path, None) if self._local_zero else None)
+        self._progress = _ProgressFile(
+            _env(protocol.PROGRESS_FILE_ENV, Path, None) if self._local_zero else None, live=self._memory is not None
+        )
         self._writer = _AsyncWriter()
         self._last_save_at = time.monotonic()
         # On the CPU whatever the device (gloo carries the control collectives): checkpoint now,
@@ -442,8 +444,8 @@ def _is_peer_failure(exc: BaseException) -> bool:
 class _ProgressFile:
     """Step, throughput, loss and the newest checkpoint, for the agent to publish to etcd."""
 
-    def __init__(self, path: Path | None, min_interval: float = 0.5) -> None:
-        self.path, self.min_interval = path, min_interval
+    def __init__(self, path: Path | None, min_interval: float = 0.5, live: bool = False) -> None:
+        self.path, self.min_interval, self.live = path, min_interval, live
         self._last_write = 0.0
         self._window: tuple[float, int] | None = None
         # Two fields, each replaced whole: the checkpoint writer thread sets one, the training loop the other.
@@ -458,7 +460,10 @@ class _ProgressFile:
         rate = (step - start_step) * global_batch / (now - start) if now > start else 0.0
         if now - start > 5.0:
             self._window = (now, step)
-        self._latest = protocol.ProgressReport(step, world_size, round(rate, 2), loss, time.time())
+        step_s = round((now - start) / (step - start_step), 4) if step > start_step else 0.0
+        self._latest = protocol.ProgressReport(
+            step, world_size, round(rate, 2), loss, time.time(), live_recovery=self.live, step_s=step_s
+        )
         if now - self._last_write >= self.min_interval:
             self._flush()
 

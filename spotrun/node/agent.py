@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from spotrun import log
 from spotrun.errors import ControlPlaneError, SpotrunError
+from spotrun.node import protocol
 from spotrun.node.protocol import ControlCommand, ExitCode
 from spotrun.state.etcd import LeaseKeeper
 from spotrun.state.records import EventKind, NodeReason, NodeRecord, NodeState, Notice, decode
@@ -246,15 +247,12 @@ class Agent:
             self._leave(f"preemption deadline in {max(0.0, notice.deadline - time.time()):.0f} s")
 
     def _leave_margin(self) -> float:
-        """Seconds before the deadline to checkpoint and leave: measured, not guessed. Three times
-        the newest checkpoint's write time plus a second for the leave itself, at least
-        MIN_LEAVE_MARGIN_S; DEFAULT_LEAVE_MARGIN_S until this job has written a checkpoint."""
+        """Seconds before the deadline to checkpoint and leave (see leave_margin)."""
         if self.config.leave_margin_s is not None:
             return self.config.leave_margin_s
+        report = protocol.read_progress(self._launcher.files.progress) if self._launcher is not None else None
         latest = self._guarded_get(lambda: self.store.latest_checkpoint(self.config.cluster))
-        if latest is None or latest.seconds <= 0:
-            return DEFAULT_LEAVE_MARGIN_S
-        return max(MIN_LEAVE_MARGIN_S, 1.0 + 3.0 * latest.seconds)
+        return leave_margin(report, latest.seconds if latest is not None else None)
 
     def _on_own_record(self, event: WatchEvent) -> None:
         """A drain (scale-down, TUI) marks this node `leaving`; leave the same way a notice does."""
@@ -400,3 +398,16 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def leave_margin(report: protocol.ProgressReport | None, checkpoint_s: float | None) -> float:
+    """Seconds before a notice's deadline to checkpoint and leave: measured, not guessed. With live
+    recovery (the trainer's `report` says so) a second plus two steps: the peers hold replicas, a
+    leave saves nothing. Otherwise three times the newest checkpoint's write time (`checkpoint_s`)
+    plus a second for the leave itself, DEFAULT_LEAVE_MARGIN_S until the job has written one. At
+    least MIN_LEAVE_MARGIN_S."""
+    if report is not None and report.live_recovery:
+        return max(MIN_LEAVE_MARGIN_S, 1.0 + 2.0 * report.step_s)
+    if checkpoint_s is None or checkpoint_s <= 0:
+        return DEFAULT_LEAVE_MARGIN_S
+    return max(MIN_LEAVE_MARGIN_S, 1.0 + 3.0 * checkpoint_s)

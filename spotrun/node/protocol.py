@@ -239,6 +239,8 @@ class ProgressReport:
     loss: float | None = None
     heartbeat_at: float = 0.0  # epoch seconds of the step
     checkpoint: CheckpointReport | None = None  # None until this process wrote one
+    live_recovery: bool = False  # the state survives a re-formation in host memory (a leave saves nothing)
+    step_s: float = 0.0  # the recent seconds per step (0: not measured yet)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
