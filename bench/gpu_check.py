@@ -11,6 +11,10 @@ worker's own exit code is what the node agent's launcher would see:
      save at that step boundary and exit 75 (re-form);
   2. resume: a fresh worker must resume from step 12, on the GPU again, and train to step 20.
 
+A third run, `ddp+memory`, gives both workers the node's host-memory directory as the node agent
+does (live recovery): the agreed step must go to host memory (the arena, copied from the GPU)
+instead of storage, and the fresh worker must resume from it onto the GPU.
+
 It prints one JSON line per check (`"ok": true/false`) and a summary line, and exits 1 when a
 check failed, 2 when there is no CUDA device (nothing verified; `--allow-cpu` runs the same checks
 on the CPU over gloo, to exercise this script where no GPU is lent).
@@ -49,7 +53,7 @@ def _worker(mode: str, phase: str, out: Path) -> int:
     with ElasticTrainer(
         model,
         lambda params: torch.optim.AdamW(params, lr=1e-3),
-        parallel=mode,
+        parallel="fsdp" if mode == "fsdp" else "ddp",
         total_steps=TOTAL_STEPS,
         global_batch=32,
         dataset_len=len(x),
@@ -84,6 +88,8 @@ def _run(mode: str, phase: str, work: Path) -> tuple[int, dict[str, object]]:
         "SPOTRUN_CONTROL_FILE": str(work / f"control-{mode}"),
         "OMP_NUM_THREADS": "1",
     }
+    if mode == "ddp+memory":
+        env["SPOTRUN_MEMORY_DIR"] = str(work / "memory")
     with socket.socket() as probe:  # a free port for the group's TCPStore
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -100,14 +106,26 @@ def _run(mode: str, phase: str, work: Path) -> tuple[int, dict[str, object]]:
 def _checks(mode: str, want_device: str, want_backend: str, work: Path) -> list[dict[str, object]]:
     rc, train = _run(mode, "train", work)
     ckpts = sorted(p.name for p in (work / f"ckpt-{mode}").glob("step-*"))
+    memory_steps = sorted(p.name for p in (work / "memory").glob("step-*"))
     rc2, resume = _run(mode, "resume", work)
+    on_disk = f"step-{AGREED_AT:09d}" in ckpts
     rows = [
         ("device", train.get("device") == want_device, train.get("device")),
         ("parameters on the device", train.get("params_on") == [want_device], train.get("params_on")),
         ("process group backend", train.get("backend") == want_backend, train.get("backend")),
         ("periodic checkpoint written", f"step-{EVERY:09d}" in ckpts, ckpts),
         ("agreed checkpoint, exit 75", rc == 75 and train.get("last_step") == AGREED_AT - 1, rc),
-        ("agreed checkpoint on disk", f"step-{AGREED_AT:09d}" in ckpts, ckpts),
+        *(
+            [
+                (
+                    "agreed step in host memory, not on disk",
+                    memory_steps == [f"step-{AGREED_AT:09d}.pt"] and not on_disk,
+                    memory_steps,
+                )
+            ]
+            if mode == "ddp+memory"
+            else [("agreed checkpoint on disk", on_disk, ckpts)]
+        ),
         ("resume from the agreed step", resume.get("resumed_from") == AGREED_AT, resume.get("resumed_from")),
         ("resume trains to the end", rc2 == 0 and resume.get("last_step") == TOTAL_STEPS, rc2),
     ]
@@ -133,7 +151,7 @@ def main() -> int:
     device, backend = ("cuda:0", "cpu:gloo,cuda:nccl") if cuda else ("cpu", "gloo")
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="spotrun-gpu-check-") as tmp:
-        for mode in ("ddp", "fsdp"):
+        for mode in ("ddp", "fsdp", "ddp+memory"):
             work = Path(tmp) / mode
             work.mkdir()
             rows += _checks(mode, device, backend, work)

@@ -22,12 +22,12 @@ from spotrun.node.protocol import ControlCommand, ControlWriter, ExitCode
 MOMENTUM = ("--momentum", "0.9")
 
 
-def test_plan_takes_the_newest_step_and_shares_out_the_senders() -> None:
+def test_plan_takes_the_newest_step_and_names_who_receives_it() -> None:
     out = handoff.plan([7, -1, 7, 5, -1], durable=3)
     assert out.step == 7 and out.sources == (0, 2) and out.durable == 3
-    assert out.receives == {1: 0, 3: 2, 4: 0}, "each rank without step 7 gets it from a holder, round robin"
-    assert handoff.plan([-1, -1]).step == -1 and handoff.plan([-1, -1]).receives == {}
-    assert handoff.plan([4]).receives == {}
+    assert out.receivers == (1, 3, 4), "every rank without step 7 receives it"
+    assert handoff.plan([-1, -1]).step == -1 and handoff.plan([-1, -1]).receivers == ()
+    assert handoff.plan([4]).receivers == ()
 
 
 def test_split_and_join_carry_nested_state() -> None:

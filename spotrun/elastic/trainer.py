@@ -267,18 +267,20 @@ class ElasticTrainer:
             return False
         if self.rank in plan.sources:
             assert held is not None
-            self._load_replica(memory.load(held), copy=True)
-        for dst, src in sorted(plan.receives.items()):
-            if src == self.rank:
-                handoff.send(self._replica(), dst)
-        if self.rank in plan.receives:
-            self._load_replica(handoff.receive(plan.receives[self.rank], self.device), copy=False)
+            state = memory.load(held)
+            if plan.receivers:  # straight from host memory, before loading it here: joiners wait on it
+                handoff.send(state, plan, self.rank)
+            self._load_replica(state, copy=True)
+        else:
+            self._load_replica(handoff.receive(plan, self.device), copy=False)
         self.resumed_from = self.step
-        self._durable_due = plan.step > plan.durable
+        # The durable copy of this step comes with the next periodic checkpoint, off the recovery's
+        # path; a job without periodic checkpoints writes it now, in the background.
+        self._durable_due = plan.step > plan.durable and self.every_steps is None and self.every_seconds is None
         if self.rank == 0:
             _say(
                 f"resumed from step {self.step} in host memory in {time.monotonic() - started:.2f} s "
-                f"({len(plan.sources)} rank(s) held it, {len(plan.receives)} received it from them; "
+                f"({len(plan.sources)} rank(s) held it, {len(plan.receivers)} received it from them; "
                 f"newest durable checkpoint: step {plan.durable})"
             )
         return True
