@@ -70,7 +70,8 @@ def send(state: dict[str, Any], handoff: Plan, me: int) -> None:
             contiguous = tensors[index].contiguous()  # kept alive until its send completed
             pending.append((contiguous, dist.isend(contiguous, dst=dst, tag=index)))
     for _, work in pending:
-        work.wait()
+        if work is not None:  # None only for a rank outside the group
+            work.wait()
 
 
 def receive(handoff: Plan, device: torch.device) -> dict[str, Any]:
@@ -86,6 +87,7 @@ def receive(handoff: Plan, device: torch.device) -> dict[str, Any]:
         pending.append(dist.irecv(tensor, src=src, tag=index))
         tensors.append(tensor)
     for work in pending:
-        work.wait()
+        if work is not None:
+            work.wait()
     joined: dict[str, Any] = tensortree.join(skeleton, iter(tensors))
     return joined
