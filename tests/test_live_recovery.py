@@ -147,3 +147,15 @@ def test_after_a_hard_kill_the_survivor_resumes_from_memory_whatever_rank_it_hel
     assert resumed.wait() == [0, 0]
     assert resumed.steps(0) == [survivor_last + 1, survivor_last + 2, survivor_last + 3]
     assert "1 received it" in resumed.logs[0].read_text()
+
+
+def test_the_background_writer_yields_the_cpu_to_training() -> None:
+    from spotrun.elastic import trainer
+
+    seen: list[int] = []
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    writer = trainer._AsyncWriter()
+    writer.submit({}, lambda state: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    writer.wait()
+    assert seen == [min(19, before + trainer.WRITER_NICE)]
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before, "the training thread keeps its priority"

@@ -65,7 +65,7 @@ from spotrun.elastic.checkpoint import remote as remote_checkpoint
 from spotrun.node import protocol
 
 STORE_POLL_S = 0.01
-WRITER_NICE = 10  # the background checkpoint writer's nice value (the training thread keeps its own)
+WRITER_NICE = 10  # the background checkpoint writer runs this much nicer than the training thread
 SNAPSHOT_WAIT_S = 30.0  # how long a node's other workers wait for local rank 0's host snapshot
 
 _T = TypeVar("_T")
@@ -487,7 +487,8 @@ def _yielding(write: Callable[[dict[str, Any]], None], state: dict[str, Any]) ->
     so on a VM whose cores the training keeps busy the background write takes the spare cycles
     instead of stretching steps."""
     with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + WRITER_NICE))
     write(state)
 
 
