@@ -93,9 +93,11 @@ class Provisioner:
         replaces: tuple[str, ...] = (),
         standby: int = 0,
         avoid_zones: frozenset[str] = frozenset(),
+        lost: tuple[str, ...] = (),
     ) -> list[str]:
         """Launch `count` VMs on the cheapest candidate with capacity (zones in `avoid_zones` last),
-        the last `standby` of them as warm spares. Records the intent first; re-issuing a known
+        the last `standby` of them as warm spares; the launch event names `lost` (the nodes it makes
+        up for, as the plan describes them). Records the intent first; re-issuing a known
         `intent_key` returns its VMs. Raises CapacityError when no candidate has capacity,
         ProviderError for other failures."""
         if intent_key is not None and not standby:
@@ -106,7 +108,7 @@ class Provisioner:
         errors = []
         for placement in ordered:
             try:
-                ids = self._launch_on(placement, intent)
+                ids = self._launch_on(placement, intent, lost)
             except CapacityError as exc:
                 errors.append(str(exc))
                 self.store.add_event(
@@ -126,7 +128,7 @@ class Provisioner:
         found = self.store.get_launch(self.cluster, intent_key)
         return found.standby if found else 0
 
-    def _launch_on(self, placement: Placement, intent: LaunchIntent) -> list[str]:
+    def _launch_on(self, placement: Placement, intent: LaunchIntent, lost: tuple[str, ...] = ()) -> list[str]:
         from spotrun.providers import LaunchSpec
 
         # The key names (intent, candidate): a fallback candidate must not find the first one's VMs.
@@ -141,7 +143,8 @@ class Provisioner:
             self.cluster,
             EventKind.LAUNCH,
             f"launching {intent.count} x {_describe(placement)}"
-            + (f" to replace {', '.join(intent.replaces)}" if intent.replaces else ""),
+            + (f" to replace {', '.join(intent.replaces)}" if intent.replaces else "")
+            + (f"; lost {', '.join(lost)}" if lost else ""),
         )
         try:
             ids = placement.provider.launch(spec)
