@@ -49,12 +49,34 @@ def _gone(job: Job, node: str) -> bool:
 
 
 def _moment_reached(store, job: Job, moment: str, noticed: str, replacement: str) -> bool:
-    if moment == "booting":  # the controller recorded the VM; its agent has not registered yet
+    if moment == "booting":  # the controller is bootstrapping the VM; its agent has not registered yet
         record = store.get_node(job.name, replacement)
-        return record is not None and record.state in (NodeState.BOOTING, NodeState.BOOTSTRAPPING)
+        return record is not None and record.state == NodeState.BOOTSTRAPPING
     if moment == "joining":  # its launcher is in the rendezvous: the noticed node leaves for it
         return _event(store, job, EventKind.READY, replacement)
     return _event(store, job, EventKind.LEAVE, noticed)  # swapped: the noticed node has left
+
+
+def _recovers(job: Job, store, moment: str, noticed: str, first: str, killed_at: float, deadline: float) -> None:
+    """What must hold after `first`, the replacement of `noticed`, was killed at `killed_at`."""
+    step_at_kill = job.steps()[-1][1]
+    job.wait(
+        lambda: job.steps()[-1][1] > step_at_kill + 10 and job.steps()[-1][0] > killed_at,
+        timeout=45,
+        what="training going on after the kill",
+    )
+    lost = f"lost {first} (replacement of {noticed})"
+    job.wait(lambda: _event(store, job, EventKind.LAUNCH, text=lost), timeout=30, what="a launch for the lost one")
+    job.wait(lambda: _gone(job, noticed), timeout=max(1.0, deadline + 5 - time.time()), what="noticed VM gone")
+    assert time.time() < deadline + 5, "the noticed VM was gone by its deadline"
+    assert _event(store, job, EventKind.LEAVING, noticed), "the noticed node's leave is recorded"
+    assert _event(store, job, EventKind.PREEMPTED, first), "the lost replacement is recorded"
+    if moment != "booting":  # it was in the rendezvous: the survivors went on without it
+        assert job.at_world(2, after=killed_at), "the survivors trained at world 2"
+    job.wait(lambda: job.at_world(3, after=max(killed_at, deadline)), timeout=90, what="world 3 again")
+    latest = job.steps()[-1][1]
+    job.wait(lambda: job.steps()[-1][1] > latest + 20, timeout=30, what="20 steps at world 3")
+    assert not store.is_rdzv_member(job.name, first), "the dead replacement's membership is released"
 
 
 @pytest.mark.parametrize("moment", MOMENTS)
@@ -74,23 +96,9 @@ def test_replacement_dying_never_stops_training(job_factory, moment: str) -> Non
         assert reached, f"the replacement never reached the moment {moment!r}"
         killed_at = time.time()
         preempt(job.name, first, 0)
-        step_at_kill = job.steps()[-1][1]
-
-        job.wait(
-            lambda: job.steps()[-1][1] > step_at_kill + 10 and job.steps()[-1][0] > killed_at,
-            timeout=45,
-            what="training going on after the kill",
-        )
-        assert job.at_world(2, after=killed_at) or moment == "booting", "the survivors trained at world 2"
-        lost = f"lost {first} (replacement of {noticed})"
-        job.wait(lambda: _event(store, job, EventKind.LAUNCH, text=lost), timeout=60, what="a launch for the lost one")
-        job.wait(lambda: _gone(job, noticed), timeout=max(1.0, deadline + 5 - time.time()), what="noticed VM gone")
-        assert time.time() < deadline + 5, "the noticed VM was gone by its deadline"
-        job.wait(lambda: job.at_world(3, after=max(killed_at, deadline)), timeout=90, what="world 3 again")
-        latest = job.steps()[-1][1]
-        job.wait(lambda: job.steps()[-1][1] > latest + 20, timeout=30, what="20 steps at world 3")
-        print(_history(store, job, since=deadline - NOTICE_S - 5))
-        assert _event(store, job, EventKind.PREEMPTED, first), "the lost replacement is recorded"
-        assert not store.is_rdzv_member(job.name, first), "the dead replacement's membership is released"
+        try:
+            _recovers(job, store, moment, noticed, first, killed_at, deadline)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\ncluster events:\n{_history(store, job, since=deadline - NOTICE_S)}") from None
     steps = [s for _, s, _ in job.steps()]
     assert steps == list(range(1, len(steps) + 1)), "no completed step was skipped or ran twice"

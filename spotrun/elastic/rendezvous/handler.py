@@ -75,6 +75,8 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         self._round: int | None = None  # the round the local workers run in, and its members
         self._members: frozenset[Any] = frozenset()
         self._reported_broken = False
+        self._rendezvousing = False  # from next_rendezvous() until the agent monitors its new workers
+        store.broken = self._round_lost_member
         value = json.dumps({"node": node_id, "desc": repr(node), "pid": os.getpid(), "since": time.time()})
         try:
             self._alive: LeaseKeeper = LeaseKeeper(backend.store, backend.alive_prefix + node_id, value, lease_ttl)
@@ -119,6 +121,7 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
             self.leave()
             raise RendezvousGracefulExitError(f"node {self.node_id} left the rendezvous {self.settings.run_id!r}")
         self._round = None
+        self._rendezvousing = True
         self._report_peer_lost()
         info = super().next_rendezvous()
         state = self._holder.state
@@ -126,6 +129,32 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         self._on_state(state)
         self._cleanup_old_rounds(info.rank)
         return info
+
+    def _round_lost_member(self) -> str | None:
+        """Why the round this node just joined can no longer start, or None: asked by the store while
+        the agents wait for each other's keys (MASTER_ADDR, rank assignment), between the round's
+        completion and the start of the workers. A member that died there (a joiner hard-killed as
+        it arrives) never writes its keys; torch's agent would wait out the store timeout (300 s)
+        with the survivors' workers stopped. Its alive lease ends, the state drops it (a gap in
+        the ranks) and the agent rendezvouses again (launcher: `_rendezvous_again_when_broken`).
+        Never raises: an unreadable state counts as "not broken" (the store timeout still holds)."""
+        if not self._rendezvousing or self.left:
+            return None
+        try:
+            with torch_patches.heartbeat_lock(self):
+                self._holder.sync()
+                state = self._holder.state
+        except Exception as exc:
+            _log.info("could not read the rendezvous state", extra=log.kv(error=exc))
+            return None
+        if state.closed:
+            return None  # the job finished: torch's own handling
+        if not state.complete or self._desc not in state.participants:
+            return f"node {self.node_id} is no longer in a complete round (round {state.round})"
+        ranks = sorted(state.participants.values())
+        if ranks != list(range(len(ranks))):
+            return f"round {state.round} lost a member after its ranks were assigned"
+        return None
 
     def _report_peer_lost(self) -> None:
         """A local worker exited because a peer died (the trainer touched $SPOTRUN_PEER_LOST_FILE):
@@ -166,6 +195,7 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         peer). Never raises: an unreachable etcd counts as "no change" (workers keep running;
         liveness comes from the lease anyway).
         """
+        self._rendezvousing = False  # the agent polls this only once its workers run
         try:
             with torch_patches.heartbeat_lock(self):
                 self._holder.sync()
