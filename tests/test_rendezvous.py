@@ -204,16 +204,19 @@ def test_wait_for_a_dead_members_keys_ends_and_the_round_forms_again(
 ) -> None:
     from spotrun.elastic.rendezvous.store import RoundBrokenError
 
-    a, b, c = (_make(handlers, etcd_server, cluster, n) for n in "abc")
-    ranks = _join_all([a, b, c])
-    # c is hard-killed right after the round completed: it never writes its rank-assignment key.
-    c._stop_heartbeats()
-    c._alive.stop(revoke=False)
+    made = {n: _make(handlers, etcd_server, cluster, n) for n in "abc"}
+    ranks = _join_all(list(made.values()))
+    # The highest rank is hard-killed right after the round completed: it never writes its
+    # rank-assignment key, and the survivors' ranks stay 0..n-1 without it.
+    dead = max(ranks, key=lambda n: ranks[n][0])
+    a, b = (made[n] for n in sorted(made) if n != dead)
+    made[dead]._stop_heartbeats()
+    made[dead]._alive.stop(revoke=False)
     store_a = dist.PrefixStore("torch.rendezvous.run1.x", a._etcd_store)
     store_a.set_timeout(timedelta(seconds=60))  # torch's default is 300 s
     t0 = time.monotonic()
     with pytest.raises(RoundBrokenError):
-        store_a.get(f"torchelastic/role_info/{ranks['c'][0]}")
+        store_a.get(f"torchelastic/role_info/{ranks[dead][0]}")
     took = time.monotonic() - t0
     print(f"\n[rendezvous] wait for a dead member's key given up after {took:.2f} s")
     assert took < 6

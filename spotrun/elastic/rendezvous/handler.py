@@ -76,6 +76,7 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         self._members: frozenset[Any] = frozenset()
         self._reported_broken = False
         self._rendezvousing = False  # from next_rendezvous() until the agent monitors its new workers
+        self._formed: tuple[int, frozenset[Any]] = (-1, frozenset())  # a completed round with this node, its members
         store.broken = self._round_lost_member
         value = json.dumps({"node": node_id, "desc": repr(node), "pid": os.getpid(), "since": time.time()})
         try:
@@ -102,6 +103,10 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
     # joins ------------------------------------------------------------------------------------
 
     def _on_state(self, state: Any) -> None:
+        if state.complete and self._desc in state.participants and state.round != self._formed[0]:
+            # The members as this node first sees the round completed: what its agent's world is
+            # built from (a member dropped later still counts; see _round_lost_member).
+            self._formed = (state.round, frozenset(state.participants))
         waiting = self._desc in state.wait_list and not state.closed
         if waiting == self._waiting or self.left:
             return
@@ -135,8 +140,8 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         the agents wait for each other's keys (MASTER_ADDR, rank assignment), between the round's
         completion and the start of the workers. A member that died there (a joiner hard-killed as
         it arrives) never writes its keys; torch's agent would wait out the store timeout (300 s)
-        with the survivors' workers stopped. Its alive lease ends, the state drops it (a gap in
-        the ranks) and the agent rendezvouses again (launcher: `_rendezvous_again_when_broken`).
+        with the survivors' workers stopped. Its alive lease ends, the state drops it and the
+        agent rendezvouses again (launcher: `_rendezvous_again_when_broken`).
         Never raises: an unreadable state counts as "not broken" (the store timeout still holds)."""
         if not self._rendezvousing or self.left:
             return None
@@ -149,11 +154,11 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
             return None
         if state.closed:
             return None  # the job finished: torch's own handling
-        if not state.complete or self._desc not in state.participants:
-            return f"node {self.node_id} is no longer in a complete round (round {state.round})"
-        ranks = sorted(state.participants.values())
-        if ranks != list(range(len(ranks))):
-            return f"round {state.round} lost a member after its ranks were assigned"
+        formed, members = self._formed
+        if state.round != formed or not members <= set(state.participants):
+            return f"round {formed} lost a member before its workers started"
+        if sorted(state.participants[m] for m in members) != list(range(len(members))):
+            return f"round {formed} lost a member before this node saw it complete"  # a gap in the ranks
         return None
 
     def _report_peer_lost(self) -> None:
