@@ -218,16 +218,12 @@ def test_vm_gone_while_bootstrapped_stops_the_retries_at_once(tmp_path: Path) ->
     work = tmp_path / "w"
     work.mkdir()
     asked: list[str] = []
-    plan = BootstrapPlan(
-        "dead",
-        work,
-        None,
-        {},
-        lambda vm: ["true"],
-        key,
-        SshTimeouts(boot=60.0),
-        vm_gone=lambda vm: not asked.append(vm),
-    )
+
+    def gone(vm: str) -> bool:  # the provider reports the VM preempted while it boots
+        asked.append(vm)
+        return True
+
+    plan = BootstrapPlan("dead", work, None, {}, lambda vm: ["true"], key, SshTimeouts(boot=60.0), vm_gone=gone)
     t0 = time.monotonic()
     [outcome] = bootstrap_all(
         [SshTarget("ghost", "127.0.0.1", port, "root", f"{public[0]} {public[1]}")], plan, _Lines([])
