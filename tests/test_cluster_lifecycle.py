@@ -209,6 +209,30 @@ def test_vm_that_never_answers_fails_within_the_timeout(tmp_path: Path) -> None:
     assert any(kind == "line" and "retrying" in text for kind, _, text in reporter.events)
 
 
+def test_vm_gone_while_bootstrapped_stops_the_retries_at_once(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    key = tmp_path / "id"
+    public = ensure_keypair(key, "t").split()
+    work = tmp_path / "w"
+    work.mkdir()
+    asked: list[str] = []
+
+    def gone(vm: str) -> bool:  # the provider reports the VM preempted while it boots
+        asked.append(vm)
+        return True
+
+    plan = BootstrapPlan("dead", work, None, {}, lambda vm: ["true"], key, SshTimeouts(boot=60.0), vm_gone=gone)
+    t0 = time.monotonic()
+    [outcome] = bootstrap_all(
+        [SshTarget("ghost", "127.0.0.1", port, "root", f"{public[0]} {public[1]}")], plan, _Lines([])
+    )
+    assert time.monotonic() - t0 < 10, "a gone VM does not hold the controller for the SSH boot timeout"
+    assert not outcome.ok and outcome.phase == "connect" and "the VM is gone" in outcome.error
+    assert asked == ["ghost"]
+
+
 @pytest.mark.parametrize("protocol", ["aws", "gcp", "azure"])
 def test_notice_from_each_protocol_reaches_etcd(tmp_path: Path, store, cluster: str, etcd_server, protocol) -> None:
     from spotrun.providers.local.metadata import MetadataServer, arm_notice

@@ -219,6 +219,35 @@ def test_plan_requires_a_command() -> None:
         launch.build_plan(["--cluster", "c", "--node", "n", "--etcd", "http://e:1", "--nnodes", "1:2"])
 
 
+def test_agent_rendezvouses_again_when_the_new_round_lost_a_member(monkeypatch) -> None:
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    from spotrun.elastic.rendezvous.store import RoundBrokenError
+
+    calls: list[str] = []
+
+    def rendezvous(self, worker_group) -> None:
+        calls.append(worker_group)
+        if len(calls) == 1:
+            raise RoundBrokenError("round 3 lost a member after its ranks were assigned")
+
+    monkeypatch.setattr(SimpleElasticAgent, "_rendezvous", rendezvous)
+    launch._rendezvous_again_when_broken()
+    patched = SimpleElasticAgent._rendezvous
+    launch._rendezvous_again_when_broken()
+    assert SimpleElasticAgent._rendezvous is patched, "idempotent: one retry loop, not two nested"
+    SimpleElasticAgent._rendezvous(object(), "group")
+    assert calls == ["group", "group"], "the broken round is left and a new one joined"
+
+    def failing(self, worker_group) -> None:
+        raise RuntimeError("any other failure")
+
+    monkeypatch.setattr(SimpleElasticAgent, "_rendezvous", failing)
+    launch._rendezvous_again_when_broken()
+    with pytest.raises(RuntimeError):
+        SimpleElasticAgent._rendezvous(object(), "group")
+
+
 # --- end to end ---------------------------------------------------------------------------
 
 

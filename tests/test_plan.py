@@ -55,6 +55,53 @@ def test_booting_replacement_does_not_swap_yet() -> None:
     assert plan(D, Observed(nodes, now=10.0)) == []
 
 
+NOTICED = {"noticed": True, "notice_deadline": 100.0}
+
+
+def test_replacement_lost_while_booting_is_replaced_again() -> None:
+    nodes = _nodes({}, {}, NOTICED, {"replaces": "n2", "ready": False, "alive": False, "gone": True})
+    assert plan(D, Observed(nodes, now=10.0)) == [
+        CloseLedger("n3", "the provider reports the VM gone"),
+        Launch(
+            1, "replace noticed n2; lost n3 (replacement of n2)", replaces=("n2",), lost=("n3 (replacement of n2)",)
+        ),
+    ]
+
+
+def test_replacement_lost_while_the_noticed_node_swaps_with_it_is_replaced_again() -> None:
+    # The noticed node was drained for its ready replacement, which then died: the noticed node
+    # leaves anyway (it is not undrained), and another replacement is launched at once.
+    nodes = _nodes({}, {}, {**NOTICED, "leaving": True}, {"replaces": "n2", "gone": True})
+    assert plan(D, Observed(nodes, now=10.0)) == [
+        CloseLedger("n3", "the provider reports the VM gone"),
+        Launch(
+            1, "replace noticed n2; lost n3 (replacement of n2)", replaces=("n2",), lost=("n3 (replacement of n2)",)
+        ),
+    ]
+    # The next pass sees the loss recorded: the new replacement is not launched twice.
+    later = _nodes({}, {}, {**NOTICED, "leaving": True}, {"replaces": "n2", "gone": True, "ledger_open": False})
+    booting = NodeView("n4", 0.1, replaces="n2")
+    assert plan(D, Observed([*later, booting], now=11.0)) == []
+
+
+def test_replacement_lost_after_the_swap_is_replaced() -> None:
+    nodes = _nodes({}, {}, {**NOTICED, "leaving": True, "left": True}, {"replaces": "n2", "gone": True})
+    assert plan(D, Observed(nodes, now=10.0)) == [
+        CloseLedger("n3", "the provider reports the VM gone"),
+        Terminate("n2", "left the training job"),
+        Launch(
+            1, "replace noticed n2; lost n3 (replacement of n2)", replaces=("n2",), lost=("n3 (replacement of n2)",)
+        ),
+    ]
+
+
+def test_noticed_node_past_its_deadline_is_terminated_though_its_replacement_was_lost() -> None:
+    nodes = _nodes({}, {}, {**NOTICED, "leaving": True}, {"replaces": "n2", "gone": True, "ledger_open": False})
+    assert plan(D, Observed([*nodes, NodeView("n4", 0.1, replaces="n2")], now=100.0)) == [
+        Terminate("n2", "preemption deadline passed")
+    ]
+
+
 def test_deadline_passed_and_left_nodes_are_terminated() -> None:
     nodes = _nodes(
         {}, {}, {}, {"noticed": True, "notice_deadline": 5.0, "leaving": True}, {"leaving": True, "left": True}
@@ -65,7 +112,10 @@ def test_deadline_passed_and_left_nodes_are_terminated() -> None:
 
 def test_gone_node_closes_ledger_and_is_replaced() -> None:
     actions = plan(D, Observed(_nodes({}, {}, {"gone": True})))
-    assert actions == [CloseLedger("n2", "the provider reports the VM gone"), Launch(1, "reach target 3")]
+    assert actions == [
+        CloseLedger("n2", "the provider reports the VM gone"),
+        Launch(1, "reach target 3; lost n2", lost=("n2",)),
+    ]
     assert plan(D, Observed(_nodes({}, {}, {"gone": True, "ledger_open": False}, {}))) == []
 
 

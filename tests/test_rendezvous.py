@@ -199,6 +199,36 @@ def test_dead_lease_drops_a_node_at_once(etcd_server, store, cluster: str, handl
     assert took < 4.5
 
 
+def test_wait_for_a_dead_members_keys_ends_and_the_round_forms_again(
+    etcd_server, store, cluster: str, handlers
+) -> None:
+    from spotrun.elastic.rendezvous.store import RoundBrokenError
+
+    made = {n: _make(handlers, etcd_server, cluster, n) for n in "abc"}
+    ranks = _join_all(list(made.values()))
+    # The highest rank is hard-killed right after the round completed: it never writes its
+    # rank-assignment key, and the survivors' ranks stay 0..n-1 without it.
+    dead = max(ranks, key=lambda n: ranks[n][0])
+    a, b = (made[n] for n in sorted(made) if n != dead)
+    made[dead]._stop_heartbeats()
+    made[dead]._alive.stop(revoke=False)
+    store_a = dist.PrefixStore("torch.rendezvous.run1.x", a._etcd_store)
+    store_a.set_timeout(timedelta(seconds=60))  # torch's default is 300 s
+    t0 = time.monotonic()
+    with pytest.raises(RoundBrokenError):
+        store_a.get(f"torchelastic/role_info/{ranks[dead][0]}")
+    took = time.monotonic() - t0
+    print(f"\n[rendezvous] wait for a dead member's key given up after {took:.2f} s")
+    assert took < 6
+    assert sorted(_join_all([a, b]).values()) == [(0, 2), (1, 2)], "the survivors form a round without it"
+    # Once the agent monitors its workers, a wait is no longer about this round's start.
+    assert a.num_nodes_waiting() == 0
+    store_a.set_timeout(timedelta(milliseconds=300))
+    with pytest.raises(dist.DistStoreError) as raised:
+        store_a.get("never")
+    assert not isinstance(raised.value, RoundBrokenError)
+
+
 def test_leave_removes_the_node_and_its_alive_key(etcd_server, store, cluster: str, handlers) -> None:
     a, b = _make(handlers, etcd_server, cluster, "a"), _make(handlers, etcd_server, cluster, "b")
     _join_all([a, b])

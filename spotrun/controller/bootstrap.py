@@ -91,6 +91,7 @@ class BootstrapPlan:
     key_path: Path
     timeouts: SshTimeouts = DEFAULT_TIMEOUTS
     secrets: dict[str, bytes] = field(default_factory=dict)  # name -> content, into REMOTE_SECRETS (mode 600)
+    vm_gone: Callable[[str], bool] | None = None  # VM name -> gone for good (stop retrying SSH to it)
 
 
 @dataclass
@@ -118,8 +119,13 @@ def _bootstrap_one(target: SshTarget, plan: BootstrapPlan, blob: bytes, reporter
     outcome = VmOutcome(target.name)
     try:
         reporter.phase(target.name, "connect")
+        gone = plan.vm_gone
         with connect(
-            target, plan.key_path, plan.timeouts, on_retry=lambda msg: reporter.line(target.name, msg)
+            target,
+            plan.key_path,
+            plan.timeouts,
+            on_retry=lambda msg: reporter.line(target.name, msg),
+            gone=(lambda: gone(target.name)) if gone is not None else None,
         ) as session:
             content = hashlib.sha256(blob + (plan.setup or "").encode()).hexdigest()[:16]
             for phase, step in (("upload", _upload), ("setup", _setup), ("agent", _start_agent)):

@@ -339,7 +339,12 @@ class Controller:
         avoid = frozenset(z for z, at in self._preempted_zones.items() if now - at < AVOID_ZONE_S)
         try:
             self.provisioner.launch(
-                action.count, intent_key=action.key, replaces=action.replaces, standby=action.standby, avoid_zones=avoid
+                action.count,
+                intent_key=action.key,
+                replaces=action.replaces,
+                standby=action.standby,
+                avoid_zones=avoid,
+                lost=action.lost,
             )
         except CapacityError as exc:
             self.event_once(EventKind.CAPACITY, f"launch of {action.count} failed: {exc}")

@@ -9,6 +9,8 @@ No I/O here, so every rule is unit-tested and the simulator can reuse it tick by
   nodes past their deadline, are terminated; VMs the provider reports gone are closed in the ledger;
 - launches never push the burn rate past budget.max_per_hour; reaching budget.max_total drains and
   stops everything;
+- a noticed node whose replacement is gone (died booting, joining or after the swap) counts as
+  unreplaced again: another replacement is launched; a launch names the nodes just lost;
 - a launch decided earlier but not finished (a crash between intent and result) is re-issued with
   its idempotency key, never as a new launch;
 - warm spares (`nodes.spares`) stand outside the target: a gap in the target is filled by
@@ -71,6 +73,7 @@ class Launch:
     key: str | None = None  # None: a new launch; the executor records a fresh key before calling
     replaces: tuple[str, ...] = ()
     standby: int = 0  # how many of the `count` VMs become warm spares
+    lost: tuple[str, ...] = ()  # for people: the nodes just lost that this launch makes up for
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,7 @@ def plan(desired: Desired, observed: Observed) -> list[Action]:
         taken = min(max(gap, 0), missing)
         gap, spare_gap = gap - taken, spare_gap - (missing - taken)
     if gap > 0 or spare_gap > 0:
-        _launch(out, desired, live, max(gap, 0), max(spare_gap, 0), unreplaced)
+        _launch(out, desired, observed.nodes, max(gap, 0), max(spare_gap, 0), unreplaced)
     if gap < 0:
         for node in sorted(staying, key=lambda n: (-n.price_per_hour, -n.launched_at))[:-gap]:
             out.add(Drain(node.id, f"drain: scale down to {desired.target}"))
@@ -212,7 +215,8 @@ def _swap_replaced(out: _Plan, live: list[NodeView]) -> None:
             out.add(Drain(node.id, "drain: replacement ready"))
 
 
-def _launch(out: _Plan, desired: Desired, live: list[NodeView], gap: int, spare_gap: int, noticed: list[str]) -> None:
+def _launch(out: _Plan, desired: Desired, nodes: list[NodeView], gap: int, spare_gap: int, noticed: list[str]) -> None:
+    live = [n for n in nodes if not n.gone]
     # A dying noticed node does not block its replacement; spares stand outside nodes.max.
     room = desired.max - len([n for n in live if _counts(n) and not n.standby])
     wanted = min(gap, max(0, room)) + spare_gap
@@ -232,11 +236,23 @@ def _launch(out: _Plan, desired: Desired, live: list[NodeView], gap: int, spare_
     if allowed > 0:
         active = min(allowed, wanted - spare_gap)  # the budget allows training nodes first
         standby = allowed - active
+        lost = _lost(nodes) if active else ()
         if active:
             reason = f"replace noticed {', '.join(noticed)}" if noticed else f"reach target {desired.target}"
+            reason += f"; lost {', '.join(lost)}" if lost else ""
         else:
             reason = f"keep {desired.spares} warm spare{'s' if desired.spares != 1 else ''}"
-        out.add(Launch(allowed, reason, replaces=tuple(noticed[:active]), standby=standby))
+        out.add(Launch(allowed, reason, replaces=tuple(noticed[:active]), standby=standby, lost=lost))
+
+
+def _lost(nodes: list[NodeView]) -> tuple[str, ...]:
+    """The training nodes (or replacements coming up) the provider reports gone since the last pass
+    (their ledger is still open), for the launch that makes up for them: "n3 (replacement of n2)"."""
+    return tuple(
+        f"{n.id} (replacement of {n.replaces})" if n.replaces else n.id
+        for n in nodes
+        if n.gone and n.ledger_open and not n.standby
+    )
 
 
 def _drain_or_terminate(out: _Plan, node: NodeView, why: str, now: float) -> None:

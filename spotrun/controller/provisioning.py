@@ -10,9 +10,10 @@ provisioning at the same time.
 from __future__ import annotations
 
 import fcntl
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from spotrun.controller.bootstrap import BootstrapPlan, LogReporter, ReporterFac
 from spotrun.controller.placement import Placement, placements, providers_of
 from spotrun.controller.ssh import DEFAULT_TIMEOUTS, SshTarget, SshTimeouts
 from spotrun.controller.ssh_keys import ensure_keypair
-from spotrun.errors import BootstrapError, CapacityError, ProviderError
+from spotrun.errors import BootstrapError, CapacityError, ProviderError, SpotrunError
 from spotrun.paths import cluster_dir
 from spotrun.providers.base import Instance
 from spotrun.recipe.schema import Recipe
@@ -32,6 +33,7 @@ from spotrun.state.store import Store
 _log = log.get("provisioning")
 
 AGENT_READY_TIMEOUT_S = 60.0
+GONE_CHECK_S = 1.0  # while bootstrapping, how often the provider is asked which VMs are gone
 _CANDIDATE_SEP = "-c"  # a launch's idempotency key is "<intent key>-c<candidate index>"
 HEAD_ROLE = "head"  # the `role` label of a cluster's head VM; the provisioner never counts it as a node
 
@@ -93,9 +95,11 @@ class Provisioner:
         replaces: tuple[str, ...] = (),
         standby: int = 0,
         avoid_zones: frozenset[str] = frozenset(),
+        lost: tuple[str, ...] = (),
     ) -> list[str]:
         """Launch `count` VMs on the cheapest candidate with capacity (zones in `avoid_zones` last),
-        the last `standby` of them as warm spares. Records the intent first; re-issuing a known
+        the last `standby` of them as warm spares; the launch event names `lost` (the nodes it makes
+        up for, as the plan describes them). Records the intent first; re-issuing a known
         `intent_key` returns its VMs. Raises CapacityError when no candidate has capacity,
         ProviderError for other failures."""
         if intent_key is not None and not standby:
@@ -106,7 +110,7 @@ class Provisioner:
         errors = []
         for placement in ordered:
             try:
-                ids = self._launch_on(placement, intent)
+                ids = self._launch_on(placement, intent, lost)
             except CapacityError as exc:
                 errors.append(str(exc))
                 self.store.add_event(
@@ -126,7 +130,7 @@ class Provisioner:
         found = self.store.get_launch(self.cluster, intent_key)
         return found.standby if found else 0
 
-    def _launch_on(self, placement: Placement, intent: LaunchIntent) -> list[str]:
+    def _launch_on(self, placement: Placement, intent: LaunchIntent, lost: tuple[str, ...] = ()) -> list[str]:
         from spotrun.providers import LaunchSpec
 
         # The key names (intent, candidate): a fallback candidate must not find the first one's VMs.
@@ -141,7 +145,8 @@ class Provisioner:
             self.cluster,
             EventKind.LAUNCH,
             f"launching {intent.count} x {_describe(placement)}"
-            + (f" to replace {', '.join(intent.replaces)}" if intent.replaces else ""),
+            + (f" to replace {', '.join(intent.replaces)}" if intent.replaces else "")
+            + (f"; lost {', '.join(lost)}" if lost else ""),
         )
         try:
             ids = placement.provider.launch(spec)
@@ -208,6 +213,9 @@ class Provisioner:
         for inst in todo:
             self.record_node(inst, NodeState.BOOTSTRAPPING)
         targets = [SshTarget(i.id, i.host, i.ssh_port, i.ssh_user, i.host_public_key) for i in todo]
+        # A VM that dies while it is bootstrapped (a spot VM preempted as it boots) must not hold
+        # this pass (and so every other decision of the controller) for the SSH and agent timeouts.
+        gone = _GoneVms(self.instances)
         by_id = {i.id: i for i in todo}
         tls_files, tls_env = vm_tls(self.recipe)
         plan = BootstrapPlan(
@@ -219,14 +227,14 @@ class Provisioner:
             key_path=self.record.key_path,
             timeouts=self.ssh_timeouts,
             secrets=tls_files,
+            vm_gone=gone,
         )
         with (self.reporter_factory or LogReporter)([t.name for t in targets]) as reporter:
             outcomes = bootstrap_all(targets, plan, reporter)
         failed = {o.name: o.error or f"failed at {o.phase}" for o in outcomes if not o.ok}
         ready = [o.name for o in outcomes if o.ok]
         _log.info("agents started; waiting for them to register", extra=log.kv(nodes=len(ready)))
-        for vm in self._wait_alive(ready, AGENT_READY_TIMEOUT_S):
-            failed[vm] = f"agent did not register within {AGENT_READY_TIMEOUT_S:.0f} s"
+        failed.update(self._wait_alive(ready, AGENT_READY_TIMEOUT_S, gone))
         for vm in ready:
             if vm not in failed:
                 self.store.add_event(self.cluster, EventKind.BOOTSTRAP, f"{vm} bootstrapped; agent alive", vm)
@@ -247,15 +255,19 @@ class Provisioner:
             argv += ["--metadata-url", inst.metadata_url]
         return argv
 
-    def _wait_alive(self, nodes: list[str], timeout: float) -> list[str]:
-        """Block until every node's liveness key exists; return the ones still missing at the timeout."""
+    def _wait_alive(self, nodes: list[str], timeout: float, gone: Callable[[str], bool]) -> dict[str, str]:
+        """Block until every node's liveness key exists or its VM is `gone`; the nodes whose agent
+        did not register, with why."""
         deadline = time.monotonic() + timeout
-        waiting = set(nodes)
+        waiting, failed = set(nodes), {}
         while waiting and time.monotonic() < deadline:
             waiting -= self.store.list_alive(self.cluster)
+            failed.update((vm, "the VM is gone (the provider says so)") for vm in sorted(waiting) if gone(vm))
+            waiting -= failed.keys()
             if waiting:
                 time.sleep(0.1)
-        return sorted(waiting)
+        failed.update((vm, f"agent did not register within {timeout:.0f} s") for vm in sorted(waiting))
+        return failed
 
     def _give_up(self, by_id: dict[str, Instance], failed: dict[str, str]) -> None:
         for provider in providers_of(self.recipe.resources):
@@ -270,6 +282,27 @@ class Provisioner:
             f"{len(failed)} of {len(by_id)} VMs failed to bootstrap and were terminated; {first_vm}: {first_error}",
             hint="see `spotrun events` / `spotrun status`",
         )
+
+
+class _GoneVms:
+    """VM id -> the provider reports it gone; one provider read per GONE_CHECK_S at most, shared
+    by the bootstrap threads. A failed read counts as "not gone" (the timeouts still hold)."""
+
+    def __init__(self, read: Callable[[], list[Instance]]) -> None:
+        self._read = read
+        self._lock = threading.Lock()
+        self._gone: set[str] = set()
+        self._at = -GONE_CHECK_S
+
+    def __call__(self, vm: str) -> bool:
+        with self._lock:
+            if time.monotonic() - self._at >= GONE_CHECK_S:
+                self._at = time.monotonic()
+                try:
+                    self._gone = {i.id for i in self._read() if i.state.is_gone}
+                except SpotrunError as exc:
+                    _log.info("could not read the provider's instances", extra=log.kv(error=exc))
+            return vm in self._gone
 
 
 def workers_for(recipe: Recipe, inst: Instance) -> int:

@@ -278,11 +278,13 @@ def connect(
     timeouts: SshTimeouts = DEFAULT_TIMEOUTS,
     *,
     on_retry: Callable[[str], None] | None = None,
+    gone: Callable[[], bool] | None = None,
 ) -> Session:
     """Open an authenticated, host-key-pinned session, retrying while the VM boots.
 
-    Blocks up to `timeouts.boot`. Raises HostKeyMismatch at once on a wrong host key and
-    BootstrapError when the VM never answers.
+    Blocks up to `timeouts.boot`, less when `gone` (asked after each failed attempt) says the VM
+    is gone for good. Raises HostKeyMismatch at once on a wrong host key and BootstrapError when
+    the VM never answers or is gone.
     """
     import paramiko
 
@@ -317,6 +319,11 @@ def connect(
         except (OSError, EOFError) as exc:
             client.close()
             last = f"{type(exc).__name__}: {exc}"
+        if gone is not None and gone():
+            raise BootstrapError(
+                f"{target.name}: the VM is gone (the provider says so); stopped retrying SSH",
+                hint=f"last error: {last}",
+            )
         if time.monotonic() + delay > deadline:
             raise BootstrapError(
                 f"{target.name}: no SSH at {target.host}:{target.port} after "

@@ -272,8 +272,36 @@ def _bound_worker_stops() -> None:
     LocalElasticAgent._stop_workers = stop_workers  # type: ignore[method-assign]
 
 
+def _rendezvous_again_when_broken() -> None:
+    """Make torch's agent rendezvous again, instead of failing, when the round it just joined lost
+    a member before the workers started (`RoundBrokenError` from the etcd store: a joiner
+    hard-killed as the round completed never writes its keys; see
+    `SpotrunRendezvousHandler._round_lost_member`). Without it the wait ran into the store
+    timeout (300 s, training stopped) and then the launcher failed. Patches the private
+    `SimpleElasticAgent._rendezvous`, which torch calls for every (re)start of the workers; a torch
+    without it keeps its own behaviour. Idempotent."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    from spotrun.elastic.rendezvous.store import RoundBrokenError
+
+    original = getattr(SimpleElasticAgent, "_rendezvous", None)
+    if not callable(original) or getattr(original, "_spotrun_retries", False):
+        return
+
+    def rendezvous(self: SimpleElasticAgent, worker_group: Any) -> None:
+        while True:
+            try:
+                return original(self, worker_group)
+            except RoundBrokenError as exc:
+                _log.warning("the new round lost a member before the workers started; rendezvous again: %s", exc)
+
+    rendezvous._spotrun_retries = True  # type: ignore[attr-defined]
+    SimpleElasticAgent._rendezvous = rendezvous  # type: ignore[method-assign]
+
+
 def _launch(plan: LaunchPlan) -> Any:
     _bound_worker_stops()
+    _rendezvous_again_when_broken()
     args = torchrun.parse_args(plan.torchrun_args)
     config, cmd, cmd_args = torchrun.config_from_args(args)
     entry: Callable[..., Any] | str = cmd

@@ -75,6 +75,9 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         self._round: int | None = None  # the round the local workers run in, and its members
         self._members: frozenset[Any] = frozenset()
         self._reported_broken = False
+        self._rendezvousing = False  # from next_rendezvous() until the agent monitors its new workers
+        self._formed: tuple[int, frozenset[Any]] = (-1, frozenset())  # a completed round with this node, its members
+        store.broken = self._round_lost_member
         value = json.dumps({"node": node_id, "desc": repr(node), "pid": os.getpid(), "since": time.time()})
         try:
             self._alive: LeaseKeeper = LeaseKeeper(backend.store, backend.alive_prefix + node_id, value, lease_ttl)
@@ -100,6 +103,10 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
     # joins ------------------------------------------------------------------------------------
 
     def _on_state(self, state: Any) -> None:
+        if state.complete and self._desc in state.participants and state.round != self._formed[0]:
+            # The members as this node first sees the round completed: what its agent's world is
+            # built from (a member dropped later still counts; see _round_lost_member).
+            self._formed = (state.round, frozenset(state.participants))
         waiting = self._desc in state.wait_list and not state.closed
         if waiting == self._waiting or self.left:
             return
@@ -119,6 +126,7 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
             self.leave()
             raise RendezvousGracefulExitError(f"node {self.node_id} left the rendezvous {self.settings.run_id!r}")
         self._round = None
+        self._rendezvousing = True
         self._report_peer_lost()
         info = super().next_rendezvous()
         state = self._holder.state
@@ -126,6 +134,32 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         self._on_state(state)
         self._cleanup_old_rounds(info.rank)
         return info
+
+    def _round_lost_member(self) -> str | None:
+        """Why the round this node just joined can no longer start, or None: asked by the store while
+        the agents wait for each other's keys (MASTER_ADDR, rank assignment), between the round's
+        completion and the start of the workers. A member that died there (a joiner hard-killed as
+        it arrives) never writes its keys; torch's agent would wait out the store timeout (300 s)
+        with the survivors' workers stopped. Its alive lease ends, the state drops it and the
+        agent rendezvouses again (launcher: `_rendezvous_again_when_broken`).
+        Never raises: an unreadable state counts as "not broken" (the store timeout still holds)."""
+        if not self._rendezvousing or self.left:
+            return None
+        try:
+            with torch_patches.heartbeat_lock(self):
+                self._holder.sync()
+                state = self._holder.state
+        except Exception as exc:
+            _log.info("could not read the rendezvous state", extra=log.kv(error=exc))
+            return None
+        if state.closed:
+            return None  # the job finished: torch's own handling
+        formed, members = self._formed
+        if state.round != formed or not members <= set(state.participants):
+            return f"round {formed} lost a member before its workers started"
+        if sorted(state.participants[m] for m in members) != list(range(len(members))):
+            return f"round {formed} lost a member before this node saw it complete"  # a gap in the ranks
+        return None
 
     def _report_peer_lost(self) -> None:
         """A local worker exited because a peer died (the trainer touched $SPOTRUN_PEER_LOST_FILE):
@@ -166,6 +200,7 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         peer). Never raises: an unreachable etcd counts as "no change" (workers keep running;
         liveness comes from the lease anyway).
         """
+        self._rendezvousing = False  # the agent polls this only once its workers run
         try:
             with torch_patches.heartbeat_lock(self):
                 self._holder.sync()

@@ -21,12 +21,19 @@ from spotrun.errors import ControlPlaneError
 _R = TypeVar("_R")
 
 
+class RoundBrokenError(dist.DistStoreError):
+    """A blocking wait ended early: the rendezvous round whose keys it waits for lost a member, whose
+    keys would never come (torch's agent would wait out the store timeout, 300 s)."""
+
+
 class EtcdStore(dist.Store):
     """A c10d `Store` for the agents, in etcd under the run's `store/` prefix.
 
     Blocking `get`/`wait` wake on the backend's watch (polling every 0.5 s as a fallback) and
-    raise `DistStoreError` after the store timeout. Keys are stored as given (torch prefixes them
-    with `torch.rendezvous.<run>.<round>/`), so old rounds can be deleted by prefix.
+    raise `DistStoreError` after the store timeout, or `RoundBrokenError` as soon as `broken`
+    (set by the handler) names a reason: a member of the round the keys belong to is gone. Keys
+    are stored as given (torch prefixes them with `torch.rendezvous.<run>.<round>/`), so old rounds
+    can be deleted by prefix.
     """
 
     def __init__(self, backend: EtcdRendezvousBackend, timeout: timedelta | None = None) -> None:
@@ -34,6 +41,7 @@ class EtcdStore(dist.Store):
         self._backend = backend
         self._etcd = backend.store
         self._prefix = backend.store_prefix
+        self.broken: Callable[[], str | None] | None = None
         if timeout is not None:
             self.set_timeout(timeout)
 
@@ -82,7 +90,10 @@ class EtcdStore(dist.Store):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise dist.DistStoreError(f"timed out after {limit:.0f} s waiting for keys {keys} in the etcd store")
-            self._backend.wait_store_change(generation, min(left, 0.5))
+            why = self.broken() if self.broken is not None else None
+            if why:
+                raise RoundBrokenError(f"gave up waiting for keys {keys} in the etcd store: {why}")
+            self._backend.wait_store_change(generation, min(left, 0.5))  # woken by alive-key changes too
 
     def get(self, key: str) -> bytes:
         return self._wait_get([key])[0]
