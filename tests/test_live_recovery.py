@@ -159,3 +159,12 @@ def test_the_background_writer_yields_the_cpu_to_training() -> None:
     writer.wait()
     assert seen == [min(19, before + trainer.WRITER_NICE)]
     assert os.getpriority(os.PRIO_PROCESS, 0) == before, "the training thread keeps its priority"
+
+
+def test_room_says_whether_the_arena_fits(tmp_path: Path) -> None:
+    folder = tmp_path / "mem"
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    assert memory.room(folder, 1 << 20)
+    assert not memory.room(folder, free * 4), "an arena larger than the file system must be refused"
+    memory.reserve(folder, 1 << 20)
+    assert memory.room(folder, 1 << 20), "an arena that exists already needs no more room"

@@ -259,7 +259,7 @@ class Provisioner:
         """Block until every node's liveness key exists or its VM is `gone`; the nodes whose agent
         did not register, with why."""
         deadline = time.monotonic() + timeout
-        waiting, failed = set(nodes), {}
+        waiting, failed = set(nodes), dict[str, str]()
         while waiting and time.monotonic() < deadline:
             waiting -= self.store.list_alive(self.cluster)
             failed.update((vm, "the VM is gone (the provider says so)") for vm in sorted(waiting) if gone(vm))

@@ -291,7 +291,8 @@ def _rendezvous_again_when_broken() -> None:
     def rendezvous(self: SimpleElasticAgent, worker_group: Any) -> None:
         while True:
             try:
-                return original(self, worker_group)
+                original(self, worker_group)
+                return
             except RoundBrokenError as exc:
                 _log.warning("the new round lost a member before the workers started; rendezvous again: %s", exc)
 

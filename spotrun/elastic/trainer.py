@@ -144,8 +144,9 @@ class ElasticTrainer:
         self._writer = _AsyncWriter()
         self._last_save_at = time.monotonic()
         # On the CPU whatever the device (gloo carries the control collectives): checkpoint now,
-        # periodic save due by time, a writer still busy.
-        self._flags = torch.zeros(3)
+        # periodic save due by time, a writer still busy, no room for a host snapshot.
+        self._flags = torch.zeros(4)
+        self._no_room = False
         self._resume()
         if not self._fsdp and self.world_size > 1:
             # After a resume every rank holds the same state: DDP's start-up broadcast of rank 0's
@@ -176,13 +177,13 @@ class ElasticTrainer:
         and acts on an agreed "checkpoint now" (save, then exit ExitCode.REFORM on every rank)."""
         self.step += 1
         self.samples_seen += self.global_batch
-        if self._memory is not None and self._local_zero and not self._reserver.started:  # optimizer state exists now
-            self._reserver.start(self._memory, memory.snapshot_bytes(self._replica()))
+        if self._memory is not None and self._local_zero and not (self._reserver.started or self._no_room):
+            self._reserve_arena()  # the optimizer's state exists now
         self._progress.report(self.step, self.world_size, self.global_batch, loss)
-        now, due_by_time, busy = self._agree()
+        now, due_by_time, busy, no_room = self._agree()
         if now:
-            if self._memory is not None:
-                self._save_to_memory()  # the durable copy follows in the background after the re-formation
+            if self._memory is not None and not no_room:
+                self._save_to_memory()  # the durable copy comes with the next periodic checkpoint
             else:
                 self._save_sync()
             self._control.served()
@@ -305,6 +306,17 @@ class ElasticTrainer:
         self.optimizer.load_state_dict(optim)
         self.step, self.samples_seen = int(state["step"]), int(state["samples_seen"])
 
+    def _reserve_arena(self) -> None:
+        """Size this node's arena for the state (the optimizer's exists after the first step) and
+        reserve it in the background; without room for it, agreed checkpoints go to storage."""
+        assert self._memory is not None
+        size = memory.snapshot_bytes(self._replica())
+        if memory.room(self._memory, size):
+            self._reserver.start(self._memory, size)
+        else:
+            self._no_room = True
+            _say(f"no room for a {size / 1e6:.0f} MB host snapshot in {self._memory}: recovery goes through storage")
+
     def _save_to_memory(self) -> None:
         """Leave this node's replica in host memory for the next workers: local rank 0 writes it, the
         node's other workers wait until it is whole (their exit would end it). Blocking."""
@@ -361,16 +373,18 @@ class ElasticTrainer:
         self._writer.wait()
         self._write_and_prune(self._snapshot())
 
-    def _agree(self) -> tuple[bool, bool, bool]:
+    def _agree(self) -> tuple[bool, bool, bool, bool]:
         """One tiny all_reduce per step, so every rank takes the same checkpoint decisions (a sharded
         save is collective): (any agent asked for a checkpoint now, a periodic save is due by time
-        on any rank, any rank's previous background write still runs)."""
+        on any rank, any rank's previous background write still runs, any node has no room for its
+        host snapshot: then an agreed checkpoint goes to storage)."""
         by_time = self.every_seconds is not None and time.monotonic() - self._last_save_at >= self.every_seconds
-        self._flags.copy_(torch.tensor([self._control.requested(), by_time, self._writer.busy()], dtype=torch.float))
+        flags = [self._control.requested(), by_time, self._writer.busy(), self._no_room]
+        self._flags.copy_(torch.tensor(flags, dtype=torch.float))
         if self.world_size > 1:
             dist.all_reduce(self._flags, op=dist.ReduceOp.MAX)
-        now, due, busy = (bool(v) for v in self._flags.tolist())
-        return now, due, busy
+        now, due, busy, no_room = (bool(v) for v in self._flags.tolist())
+        return now, due, busy, no_room
 
     def _emergency_exit(self, exc: BaseException) -> NoReturn:
         """A peer died mid-collective: a DDP replica holds the last completed step, save it and go (an
@@ -379,8 +393,8 @@ class ElasticTrainer:
         _say(f"collective failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); {lost}")
         protocol.mark_peer_lost()
         try:
-            if self.step > 0 and self._memory is not None:
-                self._save_to_memory()  # survivors go on from it; durable in the background afterwards
+            if self.step > 0 and self._memory is not None and not self._no_room:
+                self._save_to_memory()  # survivors go on from it; durable with the next periodic checkpoint
             elif self.step > 0 and self._fsdp:
                 _say("FSDP shards of the lost peer are gone: the job resumes from the newest checkpoint")
             elif self.step > 0:

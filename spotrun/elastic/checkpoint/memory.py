@@ -96,6 +96,16 @@ def _arena(folder: Path, size: int) -> torch.Tensor:
     return torch.from_file(str(path), shared=True, size=max(size, 1), dtype=torch.uint8)
 
 
+def room(folder: Path, size: int) -> bool:
+    """Whether the memory directory's file system can hold an arena of `size` bytes (a full tmpfs
+    would kill the writer with SIGBUS mid-copy, and a container's /dev/shm is often 64 MB)."""
+    _prepare(folder)
+    arena = folder / ARENA_FILE
+    have = arena.stat().st_size if arena.exists() else 0
+    stats = os.statvfs(folder)
+    return size - have <= stats.f_bavail * stats.f_frsize
+
+
 def reserve(folder: Path, size: int) -> None:
     """Grow the arena to `size` bytes and touch every page, so the first snapshot is a plain copy.
     For a background thread (torch's copies run without the GIL); leaves any snapshot whole."""
