@@ -145,12 +145,8 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         Never raises: an unreadable state counts as "not broken" (the store timeout still holds)."""
         if not self._rendezvousing or self.left:
             return None
-        try:
-            with torch_patches.heartbeat_lock(self):
-                self._holder.sync()
-                state = self._holder.state
-        except Exception as exc:
-            _log.info("could not read the rendezvous state", extra=log.kv(error=exc))
+        state = self._read_state()
+        if state is None:
             return None
         if state.closed:
             return None  # the job finished: torch's own handling
@@ -190,6 +186,16 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
                 return
             self._cleaned_round = old
 
+    def _read_state(self) -> Any:
+        """The rendezvous state as etcd holds it now, or None (logged) when it cannot be read."""
+        try:
+            with torch_patches.heartbeat_lock(self):
+                self._holder.sync()
+                return self._holder.state
+        except Exception as exc:
+            _log.info("could not read the rendezvous state", extra=log.kv(error=exc))
+            return None
+
     def num_nodes_waiting(self) -> int:
         """Nodes waiting to join, as torch's agent polls it (every monitor interval) to restart workers.
 
@@ -201,12 +207,8 @@ class SpotrunRendezvousHandler(DynamicRendezvousHandler):
         liveness comes from the lease anyway).
         """
         self._rendezvousing = False  # the agent polls this only once its workers run
-        try:
-            with torch_patches.heartbeat_lock(self):
-                self._holder.sync()
-                state = self._holder.state
-        except Exception as exc:
-            _log.info("could not read the rendezvous state", extra=log.kv(error=exc))
+        state = self._read_state()
+        if state is None:
             return 0
         if (
             self._round is not None
