@@ -183,9 +183,11 @@ def test_three_vms_in_parallel_with_pinned_ssh_own_home_and_env(local_vms, clust
 
     first, second = (vms[i] for i in ids[:2])
     with _ssh(first, pkey) as client:
-        _run(client, "echo mine > ~/only-here")
+        _run(client, "echo mine > ~/only-here; echo mine > /dev/shm/spotrun-only-here")
+    assert not Path("/dev/shm/spotrun-only-here").exists(), "a VM's host memory (/dev/shm) leaked to the host"
     with _ssh(second, pkey) as client:
         assert _run(client, "ls -A ~; test ! -e ~/only-here && echo absent").split()[-1] == "absent"
+        assert _run(client, "test ! -e /dev/shm/spotrun-only-here && echo absent").strip() == "absent"
         env = _run(client, "env")
     assert "SPOTRUN_CLUSTER=t" in env and f"SPOTRUN_METADATA_URL={second.metadata_url}" in env
     assert (Path(first.extra["vm_dir"]) / "home" / "only-here").read_text() == "mine\n"

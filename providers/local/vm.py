@@ -5,7 +5,8 @@ Being PID 1 of its own PID namespace is what makes the VM a unit: when this proc
 kernel kills every process of the VM, including ones that started new sessions (torchrun
 workers, `setsid` daemons). The init:
 
-1. mounts a private view: tmpfs on /run (sshd needs /run/sshd; the host's /run stays untouched),
+1. mounts a private view: tmpfs on /run (sshd needs /run/sshd; the host's /run stays untouched)
+   and on /dev/shm (the trainer's host snapshots: a VM that dies takes them with it, as on a cloud),
    the VM dir at /run/spotrun/vm, a fresh /proc, the VM's `home/` over the login user's home and
    the VM's `profile` over /etc/profile (so logins keep the PATH sshd sets); paths under those
    that the VM still needs (the Python install, the resolver config) are bound back;
@@ -136,6 +137,8 @@ def setup_mounts(vm_dir: Path, home: Path, shared: Path | None = None) -> None:
     # Opened before the home is covered: the shared dir may live under it ($SPOTRUN_HOME).
     shared_fd = os.open(shared, os.O_PATH | os.O_DIRECTORY) if shared else None
     _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=755")
+    if Path("/dev/shm").is_dir():  # the VM's own host memory, gone with the VM (as a cloud VM's is)
+        _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
     for d in (Path("/run/sshd"), INSIDE):
         d.mkdir(mode=0o755, parents=True, exist_ok=True)
     _mount(str(vm_dir), INSIDE, flags=_MS_BIND)

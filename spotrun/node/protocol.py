@@ -85,8 +85,8 @@ class NodeFiles:
 
     def memory(self, node: str) -> Path:
         """Node `node`'s host-memory directory: on the VM's tmpfs (/dev/shm) where it has one, so a
-        snapshot costs one copy, not a disk write. Named by node id: local VMs share their host's
-        /dev/shm (and the same paths inside), each must have its own."""
+        snapshot costs one copy, not a disk write. Named by node id, so two nodes never share one
+        even where they share a /dev/shm (a local VM has its own; a plain host running two agents)."""
         shm = Path("/dev/shm")
         return (shm / f"spotrun-{os.getuid()}" if shm.is_dir() else self.state_dir / "memory") / node
 
