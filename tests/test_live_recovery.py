@@ -54,7 +54,7 @@ def test_snapshot_replaces_the_older_one_in_the_same_arena(tmp_path: Path) -> No
     assert oct(folder.stat().st_mode & 0o777) == "0o700" and oct(folder.parent.stat().st_mode & 0o777) == "0o700"
 
 
-def test_a_snapshot_being_overwritten_is_never_offered(tmp_path: Path) -> None:
+def test_a_snapshot_being_overwritten_is_never_offered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "mem"
     memory.save(folder, 5, {"w": torch.ones(1000)})
     (folder / ".tmp-123-step-000000009.pt").write_bytes(b"half")  # a header writer killed mid-write
@@ -64,13 +64,9 @@ def test_a_snapshot_being_overwritten_is_never_offered(tmp_path: Path) -> None:
     def dying_arena(folder: Path, size: int) -> torch.Tensor:
         raise KeyboardInterrupt("killed mid-copy")
 
-    real = memory._arena
-    memory._arena = dying_arena
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            memory.save(folder, 9, {"w": torch.zeros(1000)})
-    finally:
-        memory._arena = real
+    monkeypatch.setattr(memory, "_arena", dying_arena)  # the crash is injected, the file system is real
+    with pytest.raises(KeyboardInterrupt):
+        memory.save(folder, 9, {"w": torch.zeros(1000)})
     assert memory.newest(folder) is None, "a snapshot whose bytes were being overwritten was offered"
 
 
@@ -168,3 +164,19 @@ def test_room_says_whether_the_arena_fits(tmp_path: Path) -> None:
     assert not memory.room(folder, free * 4), "an arena larger than the file system must be refused"
     memory.reserve(folder, 1 << 20)
     assert memory.room(folder, 1 << 20), "an arena that exists already needs no more room"
+
+
+@pytest.mark.slow
+def test_workers_the_launcher_stops_keep_their_step_in_memory(tmp_path: Path) -> None:
+    """A re-formation torch's agent decides (a rendezvous round changed): SIGTERM to every worker."""
+    mem = [tmp_path / "mem-a", tmp_path / "mem-b"]
+    group = Group(tmp_path, 2, 400, "term", memory=mem, args=MOMENTUM)
+    group.wait_for_step(8)
+    for proc in group.procs:
+        proc.send_signal(signal.SIGTERM)
+    assert group.wait() == [ExitCode.REFORM] * 2
+    last = group.steps(0)[-1]
+    assert memory.newest(mem[0]).step == memory.newest(mem[1]).step == last
+    resumed = Group(tmp_path, 2, last + 2, "again", memory=mem, args=MOMENTUM)
+    assert resumed.wait() == [0, 0]
+    assert resumed.steps(0) == [last + 1, last + 2], "a completed step was computed again"

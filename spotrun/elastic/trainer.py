@@ -147,6 +147,11 @@ class ElasticTrainer:
         # periodic save due by time, a writer still busy, no room for a host snapshot.
         self._flags = torch.zeros(4)
         self._no_room = False
+        # The launcher stops workers with SIGTERM (a re-formation it decided, SIGKILL 5 s later): with
+        # live recovery, finish the step and keep it in host memory instead of dying mid-step.
+        self._stopping = False
+        if self._memory is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         self._resume()
         if not self._fsdp and self.world_size > 1:
             # After a resume every rank holds the same state: DDP's start-up broadcast of rank 0's
@@ -177,6 +182,10 @@ class ElasticTrainer:
         and acts on an agreed "checkpoint now" (save, then exit ExitCode.REFORM on every rank)."""
         self.step += 1
         self.samples_seen += self.global_batch
+        if self._stopping:  # every rank completed this step; peers still running save it when this one goes
+            self._save_to_memory()
+            _say(f"stopped by the launcher after step {self.step}, kept in host memory")
+            self._exit(protocol.ExitCode.REFORM)
         if self._memory is not None and self._local_zero and not (self._reserver.started or self._no_room):
             self._reserve_arena()  # the optimizer's state exists now
         self._progress.report(self.step, self.world_size, self.global_batch, loss)
@@ -305,6 +314,9 @@ class ElasticTrainer:
             optim = {**optim, "state": {k: {n: own(t) for n, t in s.items()} for k, s in optim["state"].items()}}
         self.optimizer.load_state_dict(optim)
         self.step, self.samples_seen = int(state["step"]), int(state["samples_seen"])
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stopping = True
 
     def _reserve_arena(self) -> None:
         """Size this node's arena for the state (the optimizer's exists after the first step) and
