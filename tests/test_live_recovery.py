@@ -180,3 +180,15 @@ def test_workers_the_launcher_stops_keep_their_step_in_memory(tmp_path: Path) ->
     resumed = Group(tmp_path, 2, last + 2, "again", memory=mem, args=MOMENTUM)
     assert resumed.wait() == [0, 0]
     assert resumed.steps(0) == [last + 1, last + 2], "a completed step was computed again"
+
+
+def test_a_memory_directory_someone_else_could_read_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "shm").symlink_to(target)  # planted in a world-writable /dev/shm before us
+    assert not memory.room(tmp_path / "shm" / "node", 1024)
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    assert memory.room(loose / "node", 1024)
+    assert oct(loose.stat().st_mode & 0o777) == "0o700", "a parent of ours is made private"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -80,8 +81,15 @@ def layout(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
 
 
 def _prepare(folder: Path) -> None:
-    folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # shared by a host's local VMs: private
-    folder.mkdir(exist_ok=True, mode=0o700)
+    """Create `folder` and its parent private to this user. /dev/shm is world-writable: a parent
+    someone else made first (or a symlink) would expose the state, so it is refused (OSError)."""
+    for path in (folder.parent, folder):
+        path.mkdir(exist_ok=True, mode=0o700, parents=path is folder.parent)
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            raise OSError(f"{path} is not a directory of this user: no host snapshot there")
+        if info.st_mode & 0o077:
+            os.chmod(path, 0o700)
 
 
 _mapped: dict[Path, tuple[int, torch.Tensor]] = {}  # this process's mapping of each arena, by inode
@@ -109,9 +117,12 @@ def _arena(folder: Path, size: int) -> torch.Tensor:
 
 
 def room(folder: Path, size: int) -> bool:
-    """Whether the memory directory's file system can hold an arena of `size` bytes (a full tmpfs
-    would kill the writer with SIGBUS mid-copy, and a container's /dev/shm is often 64 MB)."""
-    _prepare(folder)
+    """Whether the memory directory is ours and its file system can hold an arena of `size` bytes (a
+    full tmpfs would kill the writer with SIGBUS mid-copy, and a container's /dev/shm is often 64 MB)."""
+    try:
+        _prepare(folder)
+    except OSError:
+        return False
     arena = folder / ARENA_FILE
     have = arena.stat().st_size if arena.exists() else 0
     stats = os.statvfs(folder)
